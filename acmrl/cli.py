@@ -1,0 +1,171 @@
+"""The ``acmrl`` command.
+
+Every subcommand takes ``--config file.yaml`` and ``key.path=value`` overrides, validates the whole
+configuration first, and only then imports torch and loads models, so a bad config fails in well
+under a second and ``acmrl --help`` never pays for the heavy imports.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+
+from acmrl.config import ConfigError, GenerateConfig, load_config
+
+app = typer.Typer(
+    name="acmrl",
+    help="Train LLM agents to manage their own context on long tool-use tasks.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+train_app = typer.Typer(help="Training stages: sft, grpo.", no_args_is_help=True)
+app.add_typer(train_app, name="train", hidden=True)
+
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="YAML config file; overrides apply on top")
+]
+Overrides = Annotated[
+    list[str] | None,
+    typer.Argument(help="config overrides as key.path=value, e.g. model.dtype=bfloat16"),
+]
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """One clear line on stderr and a non-zero exit."""
+    print(f"acmrl: error: {message}", file=sys.stderr)
+    raise typer.Exit(code)
+
+
+def _load(cls: type, config: Path | None, overrides: list[str] | None):
+    try:
+        return load_config(cls, config, overrides or [])
+    except ConfigError as exc:
+        fail(f"config: {exc}")
+
+
+@app.command()
+def generate(
+    prompt: Annotated[str, typer.Option("--prompt", "-p", help="the user message")],
+    config: ConfigOpt = None,
+    overrides: Overrides = None,
+) -> None:
+    """Generate one chat reply: proves a model loads and runs (default: the embedded SmolLM2)."""
+    cfg = _load(GenerateConfig, config, overrides)
+    from acmrl.models import ModelError, chat_generate, load_model
+
+    t0 = time.perf_counter()
+    try:
+        model, tokenizer = load_model(cfg.model)
+    except ModelError as exc:
+        fail(str(exc))
+    t1 = time.perf_counter()
+    s = cfg.sampling
+    text, n = chat_generate(
+        model,
+        tokenizer,
+        prompt,
+        system_prompt=cfg.system_prompt,
+        max_new_tokens=s.max_new_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        seed=s.seed,
+    )
+    t2 = time.perf_counter()
+    print(text)
+    print(
+        f"[{cfg.model.name}: loaded in {t1 - t0:.1f}s, {n} tokens in {t2 - t1:.1f}s "
+        f"({n / max(t2 - t1, 1e-9):.1f} tok/s)]",
+        file=sys.stderr,
+    )
+
+
+@app.command()
+def convert(
+    gguf: Annotated[
+        Path | None, typer.Option(help="GGUF file; default: the embedded SmolLM2 file")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="output folder; default: the acmrl model cache")
+    ] = None,
+    force: Annotated[bool, typer.Option(help="convert again even if the folder exists")] = False,
+) -> None:
+    """Convert a GGUF model into a plain Hugging Face folder (done automatically for the default)."""
+    from acmrl.models import MARKER, ModelError, convert_gguf, default_model_dir, embedded_gguf
+
+    try:
+        src = gguf or embedded_gguf()
+    except ModelError as exc:
+        fail(str(exc))
+    if not src.is_file():
+        fail(f"GGUF file {src} does not exist")
+    dest = out or default_model_dir()
+    if (dest / MARKER).is_file() and not force:
+        print(f"{dest} already converted (use --force to redo)")
+        return
+    if force and dest.exists():
+        import shutil
+
+        shutil.rmtree(dest)
+    record = convert_gguf(src, dest)
+    print(
+        f"converted {src.name} -> {dest} in {record['seconds']}s ({record['parameters']:,} params)"
+    )
+
+
+def _not_yet(command: str, issue: int) -> NoReturn:
+    fail(f"'acmrl {command}' is not implemented yet (tracked in issue #{issue})", code=3)
+
+
+@app.command(hidden=True)
+def rollout(config: ConfigOpt = None, overrides: Overrides = None) -> None:
+    """Run a student over tasks x arms x samples and write trajectories (not yet available)."""
+    _not_yet("rollout", 5)
+
+
+@app.command(hidden=True)
+def annotate(config: ConfigOpt = None, overrides: Overrides = None) -> None:
+    """Teacher-annotate trajectories into a dataset (not yet available)."""
+    _not_yet("annotate", 6)
+
+
+@train_app.command(hidden=True)
+def sft(config: ConfigOpt = None, overrides: Overrides = None) -> None:
+    """Supervised fine-tuning on an annotated dataset (not yet available)."""
+    _not_yet("train sft", 7)
+
+
+@train_app.command(hidden=True)
+def grpo(config: ConfigOpt = None, overrides: Overrides = None) -> None:
+    """GRPO on task success minus compaction cost (not yet available)."""
+    _not_yet("train grpo", 7)
+
+
+@app.command(name="eval", hidden=True)
+def eval_(config: ConfigOpt = None, overrides: Overrides = None) -> None:
+    """Evaluate a model per arm and write a report (not yet available)."""
+    _not_yet("eval", 8)
+
+
+@app.command(hidden=True)
+def export(config: ConfigOpt = None, overrides: Overrides = None) -> None:
+    """Export a merged checkpoint with its model card (not yet available)."""
+    _not_yet("export", 7)
+
+
+@app.command(hidden=True)
+def demo(config: ConfigOpt = None, overrides: Overrides = None) -> None:
+    """The whole pipeline on the embedded default model (not yet available)."""
+    _not_yet("demo", 8)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

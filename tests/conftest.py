@@ -1,0 +1,32 @@
+"""Shared fixtures: the converted default model (for its tokenizer) and a tiny random model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from acmrl.config import DEFAULT_MODEL
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """The converted SmolLM2 folder in the user cache; converted on first use (~25 s, once)."""
+    from acmrl.models import ensure_default_model
+
+    return ensure_default_model()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(default_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(default_model_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, default_model_dir) -> Path:
+    """A random 2-layer Llama with the SmolLM2 tokenizer, a few MB, deterministic (seed 0)."""
+    from acmrl.models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", tokenizer_from=DEFAULT_MODEL)
