@@ -1,0 +1,371 @@
+"""Rendering a State to token ids, and parsing a completion back into text and tool calls.
+
+acmrl is token-in/token-out: it renders every prompt itself and parses every completion itself,
+so the ids it counts (budget, reusable prefix, training samples) are exactly the ids the engine
+sees. Rendering goes State -> chat messages -> chat template -> text -> ids. The chat template is
+the model's own when it renders tool calls in the Hermes ``<tool_call>`` form (Qwen-family
+models); otherwise acmrl's ``templates/chatml_tools.jinja``, which shares ChatML's special
+tokens with SmolLM2 and Qwen.
+
+A tool call in a completion is ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
+:func:`parse_completion` never raises on model output: malformed calls (bad JSON, unknown tool,
+missing, extra or mistyped arguments, an unterminated block) come back as :class:`CallError` for
+the agent loop to turn into an observation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from acmrl.context.state import Item, State
+
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+@cache
+def acmrl_chat_template() -> str:
+    """acmrl's ChatML + Hermes-tools chat template (also written into exported tokenizers)."""
+    return resources.files("acmrl").joinpath("templates/chatml_tools.jinja").read_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# State <-> chat messages
+
+
+def _content(parts: list[dict[str, Any]], collapse: bool = True) -> str | list[dict[str, str]]:
+    if collapse and len(parts) == 1:
+        return parts[0]["text"]
+    return [{"type": "text", "text": p["text"]} for p in parts]
+
+
+def _parts(content: str | list[dict[str, Any]], part_type: str) -> list[dict[str, str]]:
+    if isinstance(content, str):
+        return [{"type": part_type, "text": content}]
+    return [{"type": part_type, "text": p["text"]} for p in content]
+
+
+def state_to_messages(state: State) -> list[dict[str, Any]]:
+    """Chat messages for a State: an assistant message absorbs the function calls that follow it."""
+    messages: list[dict[str, Any]] = []
+    for item in state:
+        kind = item["type"]
+        if kind == "message":
+            messages.append({"role": item["role"], "content": _content(item["content"])})
+        elif kind == "function_call":
+            last = messages[-1] if messages else None
+            if last is None or last["role"] != "assistant":
+                last = {"role": "assistant", "content": ""}
+                messages.append(last)
+            call = {"name": item["name"], "arguments": item["arguments"]}
+            last.setdefault("tool_calls", []).append(
+                {"id": item["call_id"], "type": "function", "function": call}
+            )
+        else:
+            out = item["output"]
+            # a tool output may be a string or a list of parts; the messages keep which it was
+            content = out if isinstance(out, str) else _content(out, collapse=False)
+            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": content})
+    return messages
+
+
+def messages_to_state(messages: list[dict[str, Any]]) -> State:
+    """The inverse of :func:`state_to_messages` (system messages are not State and are refused)."""
+    state: list[Item] = []
+    for m in messages:
+        role = m["role"]
+        if role in ("user", "assistant"):
+            if m.get("content"):
+                part = "input_text" if role == "user" else "output_text"
+                state.append(
+                    {"type": "message", "role": role, "content": _parts(m["content"], part)}
+                )
+            for call in m.get("tool_calls") or []:
+                fn = call["function"]
+                args = fn["arguments"]
+                if not isinstance(args, str):
+                    args = json.dumps(args, ensure_ascii=False)
+                state.append(
+                    {
+                        "type": "function_call",
+                        "call_id": call["id"],
+                        "name": fn["name"],
+                        "arguments": args,
+                    }
+                )
+        elif role == "tool":
+            content = m["content"]
+            out = content if isinstance(content, str) else _parts(content, "input_text")
+            state.append(
+                {"type": "function_call_output", "call_id": m["tool_call_id"], "output": out}
+            )
+        else:
+            raise ValueError(f"message role {role!r} has no State item")
+    return state
+
+
+# ---------------------------------------------------------------------------------------------
+# rendering to text and ids
+
+
+def renders_hermes_tools(tokenizer: Any) -> bool:
+    """Whether the tokenizer's own chat template renders tools and ``<tool_call>`` blocks."""
+    if not getattr(tokenizer, "chat_template", None):
+        return False
+    probe = [
+        {"role": "user", "content": "probe"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "type": "function",
+                    "function": {"name": "probe_tool", "arguments": {"probe_arg": 7}},
+                }
+            ],
+        },
+    ]
+    tools = [tool_schema("probe_tool", "a probe", {"probe_arg": {"type": "integer"}})]
+    try:
+        text = tokenizer.apply_chat_template(probe, tools=tools, tokenize=False)
+    except Exception:  # any template failure means "cannot render tools"
+        return False
+    return (
+        TOOL_CALL_OPEN in text
+        and '"probe_arg": 7' in text
+        and "probe_tool" in text.split(TOOL_CALL_OPEN)[0]
+    )
+
+
+@dataclass
+class Renderer:
+    """Renders States to the exact text and token ids a model sees.
+
+    ``system_prompt`` and ``tools`` (OpenAI function schemas) are fixed per episode and sit
+    outside the editable State, as seed 001 prescribes.
+    """
+
+    tokenizer: Any
+    system_prompt: str | None = None
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    chat_template: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.chat_template is None:
+            own = renders_hermes_tools(self.tokenizer)
+            self.chat_template = self.tokenizer.chat_template if own else acmrl_chat_template()
+        self._own_args_as_dict = self.chat_template != acmrl_chat_template()
+
+    def messages(self, state: State) -> list[dict[str, Any]]:
+        msgs = state_to_messages(state)
+        if self._own_args_as_dict:  # HF-style templates expect arguments as a mapping
+            for m in msgs:
+                for call in m.get("tool_calls", []):
+                    call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+        if self.system_prompt:
+            msgs.insert(0, {"role": "system", "content": self.system_prompt})
+        return msgs
+
+    def text(self, state: State, add_generation_prompt: bool = True) -> str:
+        return self.tokenizer.apply_chat_template(
+            self.messages(state),
+            tools=self.tools or None,
+            chat_template=self.chat_template,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+        )
+
+    def ids(self, state: State, add_generation_prompt: bool = True) -> list[int]:
+        """The complete model input, system prompt and tool definitions included."""
+        return self.encode(self.text(state, add_generation_prompt))
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def count(self, text: str) -> int:
+        return len(self.encode(text))
+
+
+# ---------------------------------------------------------------------------------------------
+# tool schemas, tool-call text, and parsing completions
+
+
+def tool_schema(
+    name: str, description: str, properties: dict[str, Any], required: list[str] | None = None
+) -> dict[str, Any]:
+    """An OpenAI function-tool schema; every property is required unless ``required`` says otherwise."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": properties,
+                "required": list(properties) if required is None else required,
+                "additionalProperties": False,
+            },
+        },
+    }
+
+
+def format_tool_call(name: str, arguments: str | dict[str, Any]) -> str:
+    """The text of one tool call as the model writes it (and as acmrl's template renders it)."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": {args}}}\n{TOOL_CALL_CLOSE}'
+
+
+def render_turn(text: str, calls: list[tuple[str, dict[str, Any]]]) -> str:
+    """An assistant turn's text: the prose, then each call on its own lines."""
+    pieces = [text] if text else []
+    pieces += [format_tool_call(name, args) for name, args in calls]
+    return "\n".join(pieces)
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+    @property
+    def arguments_json(self) -> str:
+        return json.dumps(self.arguments, ensure_ascii=False)
+
+
+@dataclass
+class CallError:
+    """A tool call the model attempted that cannot run. ``kind`` is a short machine-readable tag."""
+
+    index: int
+    kind: str
+    message: str
+    raw: str
+
+    def observation(self) -> str:
+        return f"Error in tool call {self.index + 1}: {self.message}"
+
+
+@dataclass
+class ParsedTurn:
+    text: str
+    calls: list[ToolCall]
+    errors: list[CallError]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "object": (dict,),
+    "array": (list,),
+    "null": (type(None),),
+}
+
+
+def _type_ok(value: Any, expected: str | list[str] | None) -> bool:
+    if expected is None:
+        return True
+    names = [expected] if isinstance(expected, str) else expected
+    for name in names:
+        types = _JSON_TYPES.get(name, (object,))
+        if isinstance(value, bool) and name in ("integer", "number"):
+            continue
+        if isinstance(value, types):
+            return True
+    return False
+
+
+def _schemas_by_name(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for tool in tools:
+        fn = tool.get("function", tool)
+        out[fn["name"]] = fn.get("parameters") or {"type": "object", "properties": {}}
+    return out
+
+
+def _check_call(index: int, raw: str, schemas: dict[str, dict[str, Any]]) -> ToolCall | CallError:
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return CallError(
+            index, "bad-json", f"the call is not valid JSON ({exc.msg} at char {exc.pos})", raw
+        )
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return CallError(index, "bad-call", 'a call must be {"name": ..., "arguments": {...}}', raw)
+    name = obj["name"]
+    if name not in schemas:
+        known = ", ".join(sorted(schemas)) or "none"
+        return CallError(
+            index, "unknown-tool", f"unknown tool {name!r}; available tools: {known}", raw
+        )
+    args = obj.get("arguments", {})
+    if isinstance(args, str):  # some models emit the arguments as a JSON string
+        with contextlib.suppress(json.JSONDecodeError):  # not JSON: refused just below
+            args = json.loads(args)
+    if not isinstance(args, dict):
+        return CallError(index, "bad-arguments", f"arguments of {name} must be a JSON object", raw)
+    extra_keys = set(obj) - {"name", "arguments"}
+    if extra_keys:
+        return CallError(
+            index, "bad-call", f"unexpected keys {sorted(extra_keys)} in the call", raw
+        )
+    params = schemas[name]
+    props = params.get("properties", {})
+    missing = [k for k in params.get("required", []) if k not in args]
+    if missing:
+        return CallError(index, "missing-argument", f"{name} is missing argument(s) {missing}", raw)
+    extra = [k for k in args if k not in props]
+    if extra and params.get("additionalProperties", True) is False:
+        return CallError(
+            index,
+            "extra-argument",
+            f"{name} takes no argument(s) {extra}; it takes {sorted(props)}",
+            raw,
+        )
+    for key, value in args.items():
+        if key in props and not _type_ok(value, props[key].get("type")):
+            want = props[key].get("type")
+            return CallError(
+                index,
+                "bad-argument-type",
+                f"{name}.{key} must be of type {want}, got {value!r}",
+                raw,
+            )
+    return ToolCall(name, args)
+
+
+def parse_completion(text: str, tools: list[dict[str, Any]]) -> ParsedTurn:
+    """Split a completion into prose and tool calls; malformed calls become :class:`CallError`."""
+    schemas = _schemas_by_name(tools)
+    calls: list[ToolCall] = []
+    errors: list[CallError] = []
+    prose: list[str] = []
+    pos = 0
+    index = 0
+    for match in _CALL_RE.finditer(text):
+        prose.append(text[pos : match.start()])
+        pos = match.end()
+        result = _check_call(index, match.group(1).strip(), schemas)
+        (calls if isinstance(result, ToolCall) else errors).append(result)
+        index += 1
+    tail = text[pos:]
+    if TOOL_CALL_OPEN in tail:
+        before, _, raw = tail.partition(TOOL_CALL_OPEN)
+        prose.append(before)
+        errors.append(
+            CallError(index, "unterminated", f"a {TOOL_CALL_OPEN} block was not closed", raw)
+        )
+    else:
+        prose.append(tail)
+    return ParsedTurn("\n".join(p.strip() for p in prose if p.strip()), calls, errors)

@@ -1,0 +1,1 @@
+"""engines: not implemented yet (see the open issues)."""

@@ -1,0 +1,1 @@
+"""envs: not implemented yet (see the open issues)."""

@@ -1,0 +1,1 @@
+"""rewards: not implemented yet (see the open issues)."""

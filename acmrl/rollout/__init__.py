@@ -1,0 +1,1 @@
+"""rollout: not implemented yet (see the open issues)."""

@@ -1,0 +1,1 @@
+"""train: not implemented yet (see the open issues)."""
