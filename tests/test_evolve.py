@@ -128,6 +128,7 @@ HOSTILE = {
     "eval escape": ("return (0, eval)('this').process.env;", "threw"),
     "syntax error": ("return state;;; }{", "threw"),
     "throws": ("throw new Error('nope');", "the code threw: Error: nope"),
+    "throws null": ("throw null;", "the code threw null"),
     "prototype pollution": (
         "Array.isArray = () => true; JSON.stringify = () => '[]'; Object.prototype.then = 1; return 5;",
         "must return the State array",

@@ -80,8 +80,15 @@ _WRAPPER = r"""
   const body = globalThis.__acmrl_code;
   delete globalThis.__acmrl_state;
   delete globalThis.__acmrl_code;
-  const evolve = ctor("state", '"use strict";\n' + body);
-  const out = evolve(input);
+  let out;
+  try {
+    out = ctor("state", '"use strict";\n' + body)(input);
+  } catch (e) {
+    // the model may throw null/undefined; QuickJS reports running out of memory while throwing
+    // as a null exception, so a null that reaches Python means the heap limit
+    if (e === null || e === undefined) throw new Err("[harness] the code threw " + e);
+    throw e;
+  }
   if (out !== null && (typeof out === "object" || typeof out === "function") &&
       typeof out.then === "function") {
     throw new Err("[harness] evolve must return the State synchronously; it returned a Promise");
@@ -107,7 +114,7 @@ def _js_error(exc: Exception, limits: EvolveLimits) -> str:
         return f"stack limit of {limits.stack_bytes // KiB} KiB exceeded"
     if "interrupted" in first:
         return f"time limit of {limits.time_ms} ms exceeded"
-    if "out of memory" in first:
+    if "out of memory" in first or first == "null":
         return f"memory limit of {limits.heap_bytes // MiB} MiB exceeded"
     if "[harness] " in first:
         return first.split("[harness] ", 1)[1]
