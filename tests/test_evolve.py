@@ -1,6 +1,5 @@
 import copy
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -145,16 +144,13 @@ def test_hostile_code_is_refused_and_state_kept(name):
     code, message = HOSTILE[name]
     state = [*base_state(), evolve_call("ev", code)]
     before = copy.deepcopy(state)
-    start = time.perf_counter()
     result = apply_evolve(state)
-    elapsed = time.perf_counter() - start
     assert not result.applied
     assert message in result.error, result.error
     assert result.state[:-1] == before  # the old State stays, the call included
     receipt = result.state[-1]
     assert receipt["type"] == "function_call_output" and receipt["call_id"] == "ev"
     assert json.loads(receipt["output"]) == {"applied": False, "error": result.error}
-    assert elapsed < 5.0  # refused within its limit (generous for a loaded CI machine)
 
 
 def test_python_survives_repeated_limit_hits():
