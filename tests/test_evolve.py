@@ -46,6 +46,7 @@ def test_reference_examples_reproduce(name, tokenizer):
     renderer = Renderer(tokenizer, system_prompt="sys", tools=[EVOLVE_TOOL_SCHEMA])
     result = apply_evolve([*before, call], renderer=renderer, call_tokens=50, output_weight=2.0)
     assert result.applied, result.error
+    validate(result.state, allow_pending_evolve=False)
     assert result.state[:-2] == expected
     assert result.state[-2] == call
     receipt = result.state[-1]
@@ -148,6 +149,7 @@ def test_hostile_code_is_refused_and_state_kept(name):
     assert not result.applied
     assert message in result.error, result.error
     assert result.state[:-1] == before  # the old State stays, the call included
+    validate(result.state, allow_pending_evolve=False)
     receipt = result.state[-1]
     assert receipt["type"] == "function_call_output" and receipt["call_id"] == "ev"
     assert json.loads(receipt["output"]) == {"applied": False, "error": result.error}
