@@ -294,6 +294,24 @@ def _schemas_by_name(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def check_arguments(
+    name: str, args: dict[str, Any], params: dict[str, Any]
+) -> tuple[str, str] | None:
+    """Check ``args`` against a tool's JSON-schema ``params``; ``(kind, message)`` when they do not fit."""
+    props = params.get("properties", {})
+    missing = [k for k in params.get("required", []) if k not in args]
+    if missing:
+        return "missing-argument", f"{name} is missing argument(s) {missing}"
+    extra = [k for k in args if k not in props]
+    if extra and params.get("additionalProperties", True) is False:
+        return "extra-argument", f"{name} takes no argument(s) {extra}; it takes {sorted(props)}"
+    for key, value in args.items():
+        if key in props and not _type_ok(value, props[key].get("type")):
+            want = props[key].get("type")
+            return "bad-argument-type", f"{name}.{key} must be of type {want}, got {value!r}"
+    return None
+
+
 def _check_call(index: int, raw: str, schemas: dict[str, dict[str, Any]]) -> ToolCall | CallError:
     try:
         obj = json.loads(raw)
@@ -320,28 +338,9 @@ def _check_call(index: int, raw: str, schemas: dict[str, dict[str, Any]]) -> Too
         return CallError(
             index, "bad-call", f"unexpected keys {sorted(extra_keys)} in the call", raw
         )
-    params = schemas[name]
-    props = params.get("properties", {})
-    missing = [k for k in params.get("required", []) if k not in args]
-    if missing:
-        return CallError(index, "missing-argument", f"{name} is missing argument(s) {missing}", raw)
-    extra = [k for k in args if k not in props]
-    if extra and params.get("additionalProperties", True) is False:
-        return CallError(
-            index,
-            "extra-argument",
-            f"{name} takes no argument(s) {extra}; it takes {sorted(props)}",
-            raw,
-        )
-    for key, value in args.items():
-        if key in props and not _type_ok(value, props[key].get("type")):
-            want = props[key].get("type")
-            return CallError(
-                index,
-                "bad-argument-type",
-                f"{name}.{key} must be of type {want}, got {value!r}",
-                raw,
-            )
+    problem = check_arguments(name, args, schemas[name])
+    if problem is not None:
+        return CallError(index, problem[0], problem[1], raw)
     return ToolCall(name, args)
 
 

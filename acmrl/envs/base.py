@@ -1,0 +1,156 @@
+"""The environment protocol: tasks, per-episode tool sessions, scoring and the expert's plan.
+
+An environment owns tasks and tools, never a model. The rollout loop asks it for ``tasks(split)``,
+opens a :class:`Session` per episode, forwards each parsed tool call to ``session.call`` and puts the
+returned observation into the State. Every problem with a call (unknown tool, bad arguments, missing
+document, path outside the root) comes back as an observation that starts with ``Error:`` and names
+the problem, so the agent can react and nothing crashes. ``oracle_plan(task)`` lists the calls an
+expert would make; the oracle teacher and the tests replay it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from acmrl.context.render import check_arguments, tool_schema
+from acmrl.envs.scoring import METRICS, Judge, score_answer
+
+Plan = list[tuple[str, dict[str, Any]]]
+"""The expert's calls, in order: ``[(tool name, arguments), ...]``; the last is ``answer``."""
+
+ANSWER_TOOL = "answer"
+ANSWER_SCHEMA = tool_schema(
+    ANSWER_TOOL,
+    "Submit the final answer to the task. Give only the answer, as short as possible; this ends the task.",
+    {"text": {"type": "string", "description": "The final answer."}},
+)
+
+
+class EnvError(ValueError):
+    """Bad environment options or input files; the message names the option or file and the fix."""
+
+
+class ToolError(Exception):
+    """Raised by a tool handler; its message becomes the ``Error:`` observation."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task. ``answer`` is a string or a list of accepted alternatives; when
+    ``metadata["answer_set"]`` is true the list is a set of items that must all be given."""
+
+    id: str
+    prompt: str
+    answer: str | list[str]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+Handler = Callable[..., str]
+
+
+class Session:
+    """One episode's tools. ``call`` never raises for bad input: it returns an ``Error:`` observation."""
+
+    def __init__(
+        self,
+        task: Task,
+        tools: list[dict[str, Any]],
+        handlers: dict[str, Handler],
+        scorer: Callable[[str | None], float],
+    ) -> None:
+        self.task = task
+        self.tools = [*tools, ANSWER_SCHEMA]
+        self._handlers = handlers
+        self._params = {t["function"]["name"]: t["function"]["parameters"] for t in self.tools}
+        self._scorer = scorer
+        self.answer: str | None = None
+        self.calls = 0
+
+    @property
+    def done(self) -> bool:
+        return self.answer is not None
+
+    def call(self, name: str, arguments: dict[str, Any] | str) -> str | list:
+        """Run one tool call; the observation the agent sees."""
+        self.calls += 1
+        if name not in self._params:
+            return f"Error: unknown tool {name!r}; available tools: {', '.join(self._params)}"
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments or "{}")
+            except json.JSONDecodeError as exc:
+                return f"Error: the arguments of {name} are not valid JSON ({exc.msg})"
+        if not isinstance(arguments, dict):
+            return f"Error: the arguments of {name} must be a JSON object"
+        problem = check_arguments(name, arguments, self._params[name])
+        if problem is not None:
+            return f"Error: {problem[1]}"
+        if self.done:
+            return "Error: the answer was already submitted; the task is over"
+        if name == ANSWER_TOOL:
+            self.answer = arguments["text"].strip()
+            return "Answer submitted."
+        try:
+            return self._handlers[name](**arguments)
+        except ToolError as exc:
+            return f"Error: {exc}"
+
+    def score(self, answer: str | None = None) -> float:
+        """Score ``answer``, or the submitted answer when none is given (0.0 if there is none)."""
+        return self._scorer(self.answer if answer is None else answer)
+
+
+class Environment:
+    """Base of the built-in environments. Subclasses fill ``_tasks`` and implement ``_handlers``."""
+
+    name = "environment"
+    max_context_tokens: int | None = None
+
+    def __init__(self, *, metric: str = "em", judge: Judge | None = None) -> None:
+        if metric not in METRICS:
+            raise EnvError(f"metric={metric!r} is not known; choose one of {', '.join(METRICS)}")
+        self.metric = metric
+        self.judge = judge
+        self._tasks: dict[str, list[Task]] = {}
+
+    @property
+    def splits(self) -> list[str]:
+        return list(self._tasks)
+
+    def tasks(self, split: str = "train") -> list[Task]:
+        if split not in self._tasks:
+            raise EnvError(f"{self.name} has no split {split!r}; splits: {', '.join(self._tasks)}")
+        return list(self._tasks[split])
+
+    def tools(self) -> list[dict[str, Any]]:
+        """The environment's tool schemas (the session adds ``answer``)."""
+        raise NotImplementedError
+
+    def _handlers(self, task: Task) -> dict[str, Handler]:
+        raise NotImplementedError
+
+    def session(self, task: Task) -> Session:
+        return Session(task, self.tools(), self._handlers(task), lambda a: self.score(task, a))
+
+    def oracle_plan(self, task: Task) -> Plan:
+        raise NotImplementedError
+
+    def score(self, task: Task, answer: str | None) -> float:
+        """The task score of ``answer``: the judge's when one is configured, else the metric."""
+        if answer is None:
+            return 0.0
+        if self.judge is not None:
+            ref = task.answer if isinstance(task.answer, str) else " | ".join(task.answer)
+            return float(self.judge(task.prompt, ref, answer))
+        return score_answer(
+            answer,
+            task.answer,
+            metric=self.metric,
+            answer_set=bool(task.metadata.get("answer_set")),
+        )

@@ -1,0 +1,277 @@
+"""``code_nav``: questions about a real code base, answered by reading it with read-only tools.
+
+By default the code base is the standard library of the running interpreter; any directory can be
+given with ``root=``. Questions come from ``ast`` (see :mod:`acmrl.envs.code_questions`) and, when
+the root is the running interpreter's standard library, are checked against the imported objects;
+a question whose static answer disagrees with the real object is dropped and counted in
+``env.report``. Tools: ``list_dir``, ``read_file(path, start, end)``, ``grep(pattern, path)`` and
+``answer``. Every path is confined to the root: ``..``, absolute paths elsewhere and symlinks that
+lead outside are refused, and excluded directories (tests, caches) are invisible.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+import random
+import re
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+from acmrl.context.render import tool_schema
+from acmrl.envs.base import EnvError, Environment, Handler, Plan, Task, ToolError
+from acmrl.envs.code_questions import TEMPLATES, Question, find_questions
+from acmrl.envs.scoring import Judge
+
+DEFAULT_EXCLUDE = (
+    "test",
+    "tests",
+    "idlelib",
+    "lib2to3",
+    "tkinter",
+    "turtledemo",
+    "site-packages",
+    "dist-packages",
+    "__pycache__",
+    "ensurepip",
+    ".git",
+)
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"]).resolve()
+
+
+class CodeTree:
+    """Read-only, root-confined view of a directory; the handlers behind the tools."""
+
+    def __init__(self, root: Path, exclude: tuple[str, ...], max_lines: int, max_hits: int) -> None:
+        self.root = root
+        self.exclude = set(exclude)
+        self.max_lines = max_lines
+        self.max_hits = max_hits
+
+    def _excluded(self, name: str) -> bool:
+        return name in self.exclude or name.startswith("config-")
+
+    def resolve(self, path: str) -> Path:
+        """The real path of ``path`` (relative to the root), or a ToolError naming the problem."""
+        raw = Path(path.strip() or ".")
+        target = raw if raw.is_absolute() else self.root / raw
+        real = target.resolve()
+        if real != self.root and self.root not in real.parents:
+            lexical = Path(os.path.normpath(target))
+            inside = lexical == self.root or self.root in lexical.parents
+            why = "goes through a symbolic link that leads" if inside else "is"
+            raise ToolError(f"path {path!r} {why} outside the code base; paths are relative to it")
+        rel = real.relative_to(self.root)
+        if any(self._excluded(part) for part in rel.parts):
+            raise ToolError(f"path {path!r} is excluded from the code base")
+        if not real.exists():
+            raise ToolError(f"no such file or directory: {path!r}")
+        return real
+
+    def rel(self, path: Path) -> str:
+        return path.relative_to(self.root).as_posix() or "."
+
+    def files(self, top: Path) -> list[Path]:
+        if top.is_file():
+            return [top]
+        out = []
+        for d, dirs, names in os.walk(top):  # never follows directory links
+            dirs[:] = sorted(x for x in dirs if not self._excluded(x))
+            for name in sorted(names):
+                p = Path(d, name)
+                if p.is_symlink() and self.root not in p.resolve().parents:
+                    continue
+                out.append(p)
+        return out
+
+    # -- the tools ------------------------------------------------------------------------------
+
+    def list_dir(self, path: str = ".") -> str:
+        real = self.resolve(path)
+        if not real.is_dir():
+            raise ToolError(f"{path!r} is a file, not a directory; use read_file")
+        entries = sorted(
+            e.name + ("/" if e.is_dir() else "")
+            for e in real.iterdir()
+            if not self._excluded(e.name)
+        )
+        shown = entries[:300]
+        more = f"\n... and {len(entries) - 300} more" if len(entries) > 300 else ""
+        return f"{self.rel(real)}/ ({len(entries)} entries)\n" + "\n".join(shown) + more
+
+    def read_file(self, path: str, start: int = 1, end: int | None = None) -> str:
+        real = self.resolve(path)
+        if real.is_dir():
+            raise ToolError(f"{path!r} is a directory; use list_dir")
+        try:
+            lines = real.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as exc:
+            raise ToolError(f"{path!r} is not a UTF-8 text file") from exc
+        if start < 1 or (end is not None and end < start):
+            raise ToolError(f"bad line range start={start} end={end}; lines are numbered from 1")
+        if start > len(lines):
+            raise ToolError(f"{path!r} has only {len(lines)} lines")
+        stop = min(len(lines), end or len(lines), start + self.max_lines - 1)
+        body = "\n".join(f"{i:5d}| {lines[i - 1]}" for i in range(start, stop + 1))
+        note = ""
+        if stop < min(len(lines), end or len(lines)):
+            note = f"\n(showing {self.max_lines} lines at most; continue with start={stop + 1})"
+        return f"{self.rel(real)} lines {start}-{stop} of {len(lines)}\n{body}{note}"
+
+    def grep(self, pattern: str, path: str = ".") -> str:
+        """Line by line, like grep: a match never spans lines."""
+        try:
+            regex = re.compile(pattern)
+        except re.error as exc:
+            raise ToolError(f"bad regular expression {pattern!r}: {exc}") from exc
+        real = self.resolve(path)
+        hits: list[str] = []
+        total = 0
+        for file in self.files(real):
+            try:
+                text = file.read_text(encoding="utf-8")
+            except (UnicodeDecodeError, OSError):
+                continue  # binary files cannot match a text pattern
+            for line_no, line in enumerate(text.splitlines(), 1):
+                if regex.search(line):
+                    total += 1
+                    if len(hits) < self.max_hits:
+                        hits.append(f"{self.rel(file)}:{line_no}: {line.strip()[:160]}")
+        if not hits:
+            return f"No matches for {pattern!r} under {self.rel(real)}."
+        if total > len(hits):
+            more = total - len(hits)
+            hits.append(f"... {more} more matches; narrow the pattern or the path")
+        return "\n".join(hits)
+
+
+def _split_of(key: str, eval_frac: float) -> str:
+    bucket = int(hashlib.sha1(key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    return "eval" if bucket < eval_frac else "train"
+
+
+class CodeNav(Environment):
+    """The ``code_nav`` environment; see the module docstring."""
+
+    name = "code_nav"
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] | None = None,
+        seed: int = 0,
+        *,
+        templates: tuple[str, ...] | list[str] = tuple(TEMPLATES),
+        exclude: tuple[str, ...] | list[str] = DEFAULT_EXCLUDE,
+        eval_frac: float = 0.2,
+        n_train: int | None = None,
+        n_eval: int | None = None,
+        check_imports: bool | None = None,
+        max_read_lines: int = 200,
+        max_grep_hits: int = 40,
+        max_context_tokens: int = 8192,
+        metric: str = "em",
+        judge: Judge | None = None,
+    ) -> None:
+        super().__init__(metric=metric, judge=judge)
+        root_path = Path(root).expanduser().resolve() if root is not None else stdlib_root()
+        if not root_path.is_dir():
+            raise EnvError(f"code_nav root={str(root)!r} is not a directory")
+        unknown = sorted(set(templates) - set(TEMPLATES))
+        if unknown:
+            raise EnvError(f"code_nav has no template(s) {unknown}; templates: {list(TEMPLATES)}")
+        self.root = root_path
+        self.max_context_tokens = max_context_tokens
+        self.tree = CodeTree(root_path, tuple(exclude), max_read_lines, max_grep_hits)
+        if check_imports is None:  # only the interpreter's own stdlib can be imported safely
+            check_imports = root_path == stdlib_root()
+        questions, self.report = find_questions(
+            root_path, self.tree.files(root_path), list(templates), check_imports=check_imports
+        )
+        rng = random.Random(seed)
+        self._questions: dict[str, Question] = {}
+        for split, limit in (("train", n_train), ("eval", n_eval)):
+            chosen = [q for q in questions if _split_of(q.key, eval_frac) == split]
+            rng.shuffle(chosen)
+            if limit is not None:
+                chosen = chosen[:limit]
+            self._tasks[split] = [self._task(split, q) for q in chosen]
+
+    def _task(self, split: str, q: Question) -> Task:
+        task_id = f"code_nav/{q.template}/{hashlib.sha1(q.key.encode()).hexdigest()[:12]}"
+        self._questions[task_id] = q
+        return Task(
+            id=task_id,
+            prompt=q.prompt,
+            answer=q.answer,
+            metadata={
+                "env": self.name,
+                "split": split,
+                "template": q.template,
+                "checked": q.checked,
+                "answer_set": q.answer_set,
+                "gold_files": q.files,
+                "literal": q.literal,
+            },
+        )
+
+    def tools(self) -> list[dict[str, Any]]:
+        s = {"type": "string"}
+        i = {"type": "integer"}
+        return [
+            tool_schema(
+                "list_dir",
+                "List a directory of the code base (paths are relative to its root, '.' is the root).",
+                {"path": {**s, "description": "Directory path."}},
+            ),
+            tool_schema(
+                "read_file",
+                f"Read lines start..end (1-based, inclusive; at most {self.tree.max_lines} at a time) of a file.",
+                {
+                    "path": {**s, "description": "File path."},
+                    "start": {**i, "description": "First line (default 1)."},
+                    "end": {**i, "description": "Last line (default: end of file)."},
+                },
+                required=["path"],
+            ),
+            tool_schema(
+                "grep",
+                "Search files under a path for a Python regular expression (multi-line mode); "
+                "prints path:line: text for each match.",
+                {
+                    "pattern": {**s, "description": "Python regular expression."},
+                    "path": {**s, "description": "File or directory to search (default '.')."},
+                },
+                required=["pattern"],
+            ),
+        ]
+
+    def _handlers(self, task: Task) -> dict[str, Handler]:
+        return {
+            "list_dir": self.tree.list_dir,
+            "read_file": self.tree.read_file,
+            "grep": self.tree.grep,
+        }
+
+    def oracle_plan(self, task: Task) -> Plan:
+        return [
+            *self._questions[task.id].plan,
+            ("answer", {"text": self._questions[task.id].answer_text}),
+        ]
+
+    def score(self, task: Task, answer: str | None) -> float:
+        """Parameter defaults compare as Python values (``-1`` is not ``1``, ``'a'`` is ``"a"``)."""
+        if answer is not None and self.judge is None and "literal" in task.metadata:
+            literal = task.metadata["literal"]
+            if literal is not None:
+                try:
+                    value = ast.literal_eval(answer.strip().strip("`").strip())
+                except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                    return 0.0
+                expected = ast.literal_eval(literal)
+                return float(type(value) is type(expected) and value == expected)
+        return super().score(task, answer)
