@@ -1,0 +1,257 @@
+"""The transformers engine: batched generation with a KV cache kept per session across turns.
+
+Each session's cache holds the keys and values of everything the model has read so far (prompt
+plus its completion). On the next turn the new prompt is compared with those token ids; the cache
+is cropped to the longest common prefix and only the rest is prefilled. After a context edit
+(compaction, evolve) the common prefix is whatever precedes the edit, so the reuse reported in
+``cached_prefix_tokens`` is the reuse that really happened. With ``reuse_cache=False`` every turn
+is prefilled from scratch (the baseline of ``benchmarks/rollout_throughput.py``).
+
+A batch is prefilled session by session (only the uncached suffix), then decoded together: the
+caches are left-padded to a common length with an attention mask and explicit positions, one
+token per row per step, and split back per session afterwards. In float32 the greedy output is the
+same with and without reuse (a test checks it).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from acmrl.engines.base import Completion, Engine, EngineError, Request
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, kv_heads, seq, head_dim]
+
+
+@dataclass
+class _Cached:
+    ids: list[int]
+    kv: KV
+
+
+@dataclass
+class _Row:
+    req: Request
+    kv: KV
+    length: int  # tokens in kv
+    cached: int
+    generator: torch.Generator
+    tokens: list[int]
+    logprobs: list[float]
+    finish: str | None = None
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _kv_of(cache: Any) -> KV:
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+class HFEngine(Engine):
+    name = "hf"
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        reuse_cache: bool = True,
+        max_batch: int = 8,
+        max_sessions: int = 64,
+        seed: int = 0,
+    ) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.reuse_cache = reuse_cache
+        self.max_batch = max_batch
+        self.max_sessions = max_sessions
+        self.device = next(model.parameters()).device
+        self.max_positions = getattr(model.config, "max_position_embeddings", None) or 1 << 30
+        eos = {tokenizer.eos_token_id}
+        gen_eos = getattr(model.generation_config, "eos_token_id", None)
+        eos |= set(gen_eos) if isinstance(gen_eos, list) else {gen_eos}
+        self.eos_ids = {e for e in eos if e is not None}
+        self.pad_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
+        )
+        self._sessions: OrderedDict[str, _Cached] = OrderedDict()
+        self._seeds = random.Random(seed)
+
+    @classmethod
+    def from_config(cls, model_cfg: Any, **kwargs: Any) -> HFEngine:
+        from acmrl.models import load_model
+
+        model, tokenizer = load_model(model_cfg)
+        return cls(model, tokenizer, **kwargs)
+
+    # -- sessions ---------------------------------------------------------------------------------
+
+    def release(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+
+    def close(self) -> None:
+        self._sessions.clear()
+
+    def cached_tokens(self, session_id: str) -> int:
+        entry = self._sessions.get(session_id)
+        return len(entry.ids) if entry else 0
+
+    def _store(self, session_id: str, ids: list[int], kv: KV) -> None:
+        self._sessions[session_id] = _Cached(ids, kv)
+        self._sessions.move_to_end(session_id)
+        while len(self._sessions) > self.max_sessions:
+            self._sessions.popitem(last=False)  # least recently used
+
+    # -- generation -------------------------------------------------------------------------------
+
+    def generate(self, requests: list[Request]) -> list[Completion]:
+        out: list[Completion] = []
+        for i in range(0, len(requests), self.max_batch):
+            out += self._generate_batch(requests[i : i + self.max_batch])
+        return out
+
+    def _check(self, req: Request) -> None:
+        if not req.prompt_ids:
+            raise EngineError(f"session {req.session_id}: empty prompt")
+        if len(req.prompt_ids) + req.max_tokens > self.max_positions:
+            raise EngineError(
+                f"session {req.session_id}: prompt of {len(req.prompt_ids)} tokens + "
+                f"{req.max_tokens} new tokens exceeds the model's {self.max_positions} positions"
+            )
+
+    @torch.inference_mode()
+    def _prefill(self, req: Request) -> tuple[KV, int, torch.Tensor]:
+        """Crop the session's cache to the reusable prefix and read the rest of the prompt."""
+        entry = self._sessions.pop(req.session_id, None)
+        prompt = req.prompt_ids
+        reuse = 0
+        if entry is not None and self.reuse_cache:
+            reuse = min(common_prefix(entry.ids, prompt), len(entry.kv[0][0][0, 0]))
+            reuse = min(reuse, len(prompt) - 1)  # at least one token to read, for its logits
+        data = [(k[:, :, :reuse], v[:, :, :reuse]) for k, v in entry.kv] if reuse else None
+        cache = DynamicCache(ddp_cache_data=data, config=self.model.config)
+        ids = torch.tensor([prompt[reuse:]], device=self.device)
+        out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        return _kv_of(out.cache), reuse, out.logits[0, -1].float()
+
+    def _sample(self, row: _Row, logits: torch.Tensor) -> None:
+        req = row.req
+        if req.temperature > 0:
+            logp = F.log_softmax(logits / req.temperature, dim=-1)
+            probs = logp.exp()
+            if req.top_p < 1.0:
+                sorted_p, order = probs.sort(descending=True)
+                keep = sorted_p.cumsum(-1) - sorted_p < req.top_p  # always keeps the top token
+                probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
+            token = int(torch.multinomial(probs, 1, generator=row.generator))
+        else:
+            logp = F.log_softmax(logits, dim=-1)
+            token = int(logits.argmax())
+        row.tokens.append(token)
+        row.logprobs.append(float(logp[token]))
+        if token in self.eos_ids or (req.stop and self._hit_stop(row)):
+            row.finish = "stop"
+        elif len(row.tokens) >= req.max_tokens:
+            row.finish = "length"
+
+    def _hit_stop(self, row: _Row) -> bool:
+        tail = self.tokenizer.decode(row.tokens[-16:], skip_special_tokens=False)
+        return any(s in tail for s in row.req.stop)
+
+    def _text(self, tokens: list[int]) -> str:
+        if tokens and tokens[-1] in self.eos_ids:
+            tokens = tokens[:-1]
+        return self.tokenizer.decode(tokens, skip_special_tokens=False)
+
+    @torch.inference_mode()
+    def _generate_batch(self, requests: list[Request]) -> list[Completion]:
+        t0 = time.perf_counter()
+        rows: list[_Row] = []
+        for req in requests:
+            self._check(req)
+            kv, cached, logits = self._prefill(req)
+            seed = req.seed if req.seed is not None else self._seeds.getrandbits(63)
+            gen = torch.Generator(device="cpu").manual_seed(seed)
+            row = _Row(req, kv, len(req.prompt_ids), cached, gen, [], [])
+            self._sample(row, logits.cpu())
+            rows.append(row)
+        steps = self._decode(rows)
+        wall = time.perf_counter() - t0
+        out = []
+        for row, kv in zip(rows, steps, strict=True):
+            self._store(row.req.session_id, row.req.prompt_ids + row.tokens[:-1], kv)
+            out.append(
+                Completion(
+                    row.req.session_id,
+                    row.tokens,
+                    row.logprobs,
+                    row.cached,
+                    row.finish or "length",
+                    self._text(row.tokens),
+                    len(row.req.prompt_ids),
+                    wall,
+                )
+            )
+        return out
+
+    def _decode(self, rows: list[_Row]) -> list[KV]:
+        """Decode all unfinished rows together; each row's cache (prompt + completion[:-1]) after."""
+        width = max(r.length for r in rows)
+        n_layers = len(rows[0].kv)
+        data = []
+        for layer in range(n_layers):
+            ks = [F.pad(r.kv[layer][0], (0, 0, width - r.length, 0)) for r in rows]
+            vs = [F.pad(r.kv[layer][1], (0, 0, width - r.length, 0)) for r in rows]
+            data.append((torch.cat(ks), torch.cat(vs)))
+        mask = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)
+        for i, r in enumerate(rows):
+            mask[i, width - r.length :] = 1
+        cache = DynamicCache(ddp_cache_data=data, config=self.model.config)
+        fed = 0
+        while any(r.finish is None for r in rows):
+            last = [r.tokens[-1] if r.finish is None else self.pad_id for r in rows]
+            ids = torch.tensor([[t] for t in last], device=self.device)
+            pos = torch.tensor([[r.length + fed] for r in rows], device=self.device)
+            mask = torch.cat(
+                [mask, torch.ones(len(rows), 1, dtype=torch.long, device=self.device)], 1
+            )
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=pos,
+                cache=cache,
+                use_cache=True,
+            )
+            cache = out.cache
+            fed += 1
+            logits = out.logits[:, -1].float().cpu()
+            for i, r in enumerate(rows):
+                if r.finish is None:
+                    self._sample(r, logits[i])
+        kv = _kv_of(cache)
+        result = []
+        for i, r in enumerate(rows):
+            end = width + len(r.tokens) - 1
+            result.append(
+                [
+                    (
+                        k[i : i + 1, :, width - r.length : end].clone(),
+                        v[i : i + 1, :, width - r.length : end].clone(),
+                    )
+                    for k, v in kv
+                ]
+            )
+        return result

@@ -1,0 +1,124 @@
+"""The transformers engine: real KV reuse across turns, exactness, batching, sampling controls."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from acmrl.engines.base import EngineError, Request
+from acmrl.engines.hf import HFEngine, common_prefix
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_flush_denormal(True)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    return model, AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def engine(mt, **kw) -> HFEngine:
+    return HFEngine(*mt, **kw)
+
+
+def prompt(tok, text: str) -> list[int]:
+    msgs = [{"role": "user", "content": text}]
+    return tok.apply_chat_template(
+        msgs, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+
+
+def test_greedy_is_identical_with_and_without_cache_reuse(model_and_tokenizer):
+    _, tok = model_and_tokenizer
+    reuse, fresh = engine(model_and_tokenizer), engine(model_and_tokenizer, reuse_cache=False)
+    ids = prompt(tok, "Find the year the Lantern Fair was held.")
+    history: list[list[int]] = []
+    for turn in range(3):
+        a = reuse.generate([Request("s", ids, max_tokens=12)])[0]
+        b = fresh.generate([Request("s", ids, max_tokens=12)])[0]
+        assert a.completion_ids == b.completion_ids, turn
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+        assert b.cached_prefix_tokens == 0
+        if turn:  # everything the engine read last turn is reused: prompt + completion[:-1]
+            assert a.cached_prefix_tokens == common_prefix(history[-1], ids)
+            assert a.cached_prefix_tokens == len(history[-1])
+        history.append(ids + a.completion_ids[:-1])
+        ids = (
+            ids + a.completion_ids + tok.encode(f"\nobservation {turn}\n", add_special_tokens=False)
+        )
+    # a context edit in the middle: the cache is cropped to the prefix before the edit
+    edited = ids[:20] + tok.encode(" [summary of turns 1-2] ", add_special_tokens=False) + ids[-10:]
+    a = reuse.generate([Request("s", edited, max_tokens=12)])[0]
+    b = fresh.generate([Request("s", edited, max_tokens=12)])[0]
+    assert a.cached_prefix_tokens == common_prefix(history[-1] + [], edited) >= 20
+    assert a.completion_ids == b.completion_ids
+
+
+def test_logprobs_match_a_teacher_forced_forward(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    ids = prompt(tok, "What is in the archive?")
+    c = engine(model_and_tokenizer).generate([Request("s", ids, max_tokens=10)])[0]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + c.completion_ids])).logits[0].float()
+    logp = torch.log_softmax(logits[len(ids) - 1 : -1], -1)
+    expected = logp.gather(1, torch.tensor(c.completion_ids)[:, None])[:, 0].tolist()
+    assert c.logprobs == pytest.approx(expected, abs=1e-4)
+    assert c.completion_ids == logits[len(ids) - 1 : -1].argmax(-1).tolist()  # greedy
+
+
+def test_a_batch_gives_what_each_request_gives_alone(model_and_tokenizer):
+    _, tok = model_and_tokenizer
+    eng = engine(model_and_tokenizer)
+    texts = ["Hi", "Where was the Amber Kite Festival held in 1962?", "List three towns."]
+    reqs = [Request(f"b{i}", prompt(tok, t), max_tokens=8 + 4 * i) for i, t in enumerate(texts)]
+    alone = [engine(model_and_tokenizer).generate([r])[0] for r in reqs]
+    together = eng.generate(reqs)
+    for x, y in zip(alone, together, strict=True):
+        assert x.completion_ids == y.completion_ids and x.session_id == y.session_id
+        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+    # and the split-back caches are right: the next turn reuses each session exactly
+    nxt = [
+        Request(r.session_id, r.prompt_ids + c.completion_ids, max_tokens=4)
+        for r, c in zip(reqs, together, strict=True)
+    ]
+    for r, c in zip(nxt, eng.generate(nxt), strict=True):
+        assert c.cached_prefix_tokens == len(r.prompt_ids) - 1
+        assert c.completion_ids == engine(model_and_tokenizer).generate([r])[0].completion_ids
+
+
+def test_sampling_seed_stop_and_length(model_and_tokenizer):
+    _, tok = model_and_tokenizer
+    eng = engine(model_and_tokenizer)
+    ids = prompt(tok, "Tell me a story.")
+    sample = lambda seed, **kw: eng.generate(  # noqa: E731
+        [Request(f"x{seed}", ids, max_tokens=16, temperature=1.0, seed=seed, **kw)]
+    )[0]
+    assert sample(1).completion_ids == sample(1).completion_ids
+    assert sample(1).completion_ids != sample(2).completion_ids
+    assert (
+        sample(3, top_p=1e-6).completion_ids
+        == eng.generate([Request("g", ids, max_tokens=16)])[0].completion_ids
+    )
+    greedy = eng.generate([Request("g2", ids, max_tokens=16)])[0]
+    assert greedy.finish_reason == "length" and len(greedy.completion_ids) == 16
+    stop = tok.decode(greedy.completion_ids[4:6])
+    cut = eng.generate([Request("g3", ids, max_tokens=16, stop=[stop])])[0]
+    assert cut.finish_reason == "stop" and stop in cut.text
+    assert cut.completion_ids == greedy.completion_ids[: len(cut.completion_ids)]
+    assert len(cut.completion_ids) <= 6
+
+
+def test_errors_and_session_bookkeeping(model_and_tokenizer):
+    _, tok = model_and_tokenizer
+    eng = engine(model_and_tokenizer, max_sessions=2)
+    with pytest.raises(EngineError, match="empty prompt"):
+        eng.generate([Request("e", [], max_tokens=4)])
+    with pytest.raises(EngineError, match="exceeds the model's"):
+        eng.generate([Request("e", [1] * eng.max_positions, max_tokens=4)])
+    ids = prompt(tok, "Hello")
+    for s in ("a", "b", "c"):
+        eng.generate([Request(s, ids, max_tokens=3)])
+    assert eng.cached_tokens("a") == 0 and eng.cached_tokens("c") == len(ids) + 2  # LRU evicted a
+    eng.release("c")
+    assert eng.cached_tokens("c") == 0
