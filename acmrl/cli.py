@@ -14,7 +14,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from acmrl.config import ConfigError, GenerateConfig, load_config
+from acmrl.config import ConfigError, GenerateConfig, RolloutConfig, load_config
 
 app = typer.Typer(
     name="acmrl",
@@ -121,10 +121,21 @@ def _not_yet(command: str, issue: int) -> NoReturn:
     fail(f"'acmrl {command}' is not implemented yet (tracked in issue #{issue})", code=3)
 
 
-@app.command(hidden=True)
+@app.command()
 def rollout(config: ConfigOpt = None, overrides: Overrides = None) -> None:
-    """Run a student over tasks x arms x samples and write trajectories (not yet available)."""
-    _not_yet("rollout", 5)
+    """Run a student over tasks x arms x samples; write trajectories (JSONL, resumable)."""
+    cfg = _load(RolloutConfig, config, overrides)
+    from acmrl.engines.base import EngineError
+    from acmrl.envs import EnvError
+    from acmrl.models import ModelError
+    from acmrl.rollout.run import print_summary, run_rollout
+
+    try:
+        rows = run_rollout(cfg)
+    except (EnvError, ModelError, EngineError, ValueError) as exc:
+        fail(str(exc))
+    print_summary(rows)
+    typer.echo(f"trajectories: {cfg.output}")
 
 
 @app.command(hidden=True)

@@ -307,8 +307,88 @@ class GenerateConfig:
     system_prompt: str | None = option(None, "an optional system message before the prompt")
 
 
+@dataclasses.dataclass
+class AgentConfig:
+    """The agent loop and its context management (the arms of DESIGN.md)."""
+
+    max_turns: int = option(30, "policy turns before an episode ends 'max_turns'", min=1)
+    max_context_tokens: int | None = option(
+        None, "budget on the fully rendered model input; null takes the environment's", min=64
+    )
+    summary_threshold: float = option(
+        0.7,
+        "summary arm: the monitor summarises when the input reaches this share of the budget",
+        min=0.05,
+        max=1.0,
+    )
+    summary_max_tokens: int = option(256, "most tokens a summary may have", min=8)
+    query_max_tokens: int = option(128, "most tokens a query_memory extract may have", min=8)
+    output_weight: float = option(
+        1.0, "price of one generated token in uncached input tokens, for Compaction Cost", min=0.0
+    )
+    context_signal: bool = option(
+        False, "append the current context size to the last observation of each turn"
+    )
+    harness_hint: bool = option(
+        False, "acm/evolve: tell the agent to compact when the context nears the budget"
+    )
+    hint_threshold: float = option(
+        0.8, "share of the budget at which the hint appears", min=0.05, max=1.0
+    )
+    evolve_time_ms: int = option(250, "evolve: CPU-time limit of one run", min=1)
+    evolve_heap_mb: int = option(16, "evolve: JavaScript heap limit", min=1)
+
+
+ARMS = ("react", "summary", "acm", "evolve")
+
+
+@dataclasses.dataclass
+class EnvConfig:
+    """Which tasks to run."""
+
+    name: str = option(
+        "kb_search", "environment: kb_search, code_nav, corpus_qa, or package.module:Class"
+    )
+    options: dict[str, Any] = option(
+        {"preset": "small", "seed": 0}, "keyword options for acmrl.envs.load (presets are options)"
+    )
+    split: str = option("eval", "the split whose tasks run")
+    limit: int | None = option(None, "run only the first N tasks of the split", min=1)
+
+
+@dataclasses.dataclass
+class EngineConfig:
+    """The generation backend."""
+
+    kind: Literal["hf"] = option("hf", "hf: transformers in this process")
+    reuse_cache: bool = option(True, "keep each session's KV cache across turns (hf)")
+    max_batch: int = option(8, "most requests decoded together", min=1)
+
+
+@dataclasses.dataclass
+class RolloutConfig:
+    """`acmrl rollout`: run a student over tasks x arms x samples and write trajectories."""
+
+    model: ModelConfig = section(ModelConfig, "the student model")
+    sampling: SamplingConfig = section(SamplingConfig, "sampling of the student's turns")
+    agent: AgentConfig = section(AgentConfig, "the agent loop and context management")
+    env: EnvConfig = section(EnvConfig, "the tasks")
+    engine: EngineConfig = section(EngineConfig, "the generation backend")
+    arms: list[str] = option(list(ARMS), "arms to run: react, summary, acm, evolve")
+    samples: int = option(1, "episodes per task and arm", min=1)
+    seed: int = option(0, "base seed of the episodes' sampling", min=0)
+    concurrency: int = option(8, "episodes in flight at once (their calls are batched)", min=1)
+    output: str = option("runs/rollout/trajectories.jsonl", "JSONL file, one line per episode")
+    tensorboard: bool = option(True, "log per-arm metrics to TensorBoard next to the output")
+
+    def check(self) -> None:
+        bad = [a for a in self.arms if a not in ARMS]
+        if bad or not self.arms:
+            raise ConfigError(f"arms: got {self.arms}, each must be one of {', '.join(ARMS)}")
+
+
 # `configs/<command>*.yaml` holds configs for that command (checked by the tests)
-COMMAND_CONFIGS: dict[str, type] = {"generate": GenerateConfig}
+COMMAND_CONFIGS: dict[str, type] = {"generate": GenerateConfig, "rollout": RolloutConfig}
 
 
 def config_class_for(path: str | Path) -> type:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from acmrl.context.prefix import reusable_prefix as common_prefix
 from acmrl.engines.base import EngineError, Request
-from acmrl.engines.hf import HFEngine, common_prefix
+from acmrl.engines.hf import HFEngine
 
 
 @pytest.fixture(scope="module")

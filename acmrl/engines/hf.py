@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from acmrl.context.prefix import reusable_prefix
 from acmrl.engines.base import Completion, Engine, EngineError, Request
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, kv_heads, seq, head_dim]
@@ -46,14 +47,6 @@ class _Row:
     tokens: list[int]
     logprobs: list[float]
     finish: str | None = None
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def _kv_of(cache: Any) -> KV:
@@ -139,7 +132,7 @@ class HFEngine(Engine):
         prompt = req.prompt_ids
         reuse = 0
         if entry is not None and self.reuse_cache:
-            reuse = min(common_prefix(entry.ids, prompt), len(entry.kv[0][0][0, 0]))
+            reuse = min(reusable_prefix(entry.ids, prompt), len(entry.kv[0][0][0, 0]))
             reuse = min(reuse, len(prompt) - 1)  # at least one token to read, for its logits
         data = [(k[:, :, :reuse], v[:, :, :reuse]) for k, v in entry.kv] if reuse else None
         cache = DynamicCache(ddp_cache_data=data, config=self.model.config)

@@ -1,0 +1,418 @@
+"""The agent loop: one episode as an explicit state machine over the State of ``acmrl/context``.
+
+Phases, one handler each:
+
+- ``generate``: render the State (system prompt and tools included), check the budget, let the
+  ``summary`` arm's monitor fire, and ask for a policy completion;
+- ``tools``: run the parsed calls one by one: environment tools through the session, ``answer``,
+  and the arm's context tools (``manage_context`` and ``query_memory`` need a summariser or querier
+  model call; ``evolve`` runs in the sandbox);
+- ``summarise``: the ``summary`` arm's monitor, which replaces the history by a summary;
+- ``done``: the trajectory is complete.
+
+The loop never talks to an engine: ``next_request()`` advances until a model call is needed and
+returns it, ``receive(completion)`` resumes. The worker batches the requests of many episodes.
+Every model call is recorded with its token ids, logprobs and the prefix the engine reused; every
+context event with the cost figures of DESIGN.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from acmrl.config import ARMS, AgentConfig, SamplingConfig
+from acmrl.context.archive import Archive, ArchiveError
+from acmrl.context.evolve import EVOLVE_TOOL_SCHEMA, STATE_PROMPT, EvolveLimits, apply_evolve
+from acmrl.context.prefix import cache_cost, compaction_cost, reusable_prefix
+from acmrl.context.render import Renderer, ToolCall, format_tool_call, parse_completion
+from acmrl.context.state import (
+    EVOLVE_TOOL,
+    State,
+    assistant,
+    function_call,
+    function_call_output,
+    output_text,
+    user,
+)
+from acmrl.engines.base import Completion, Request
+from acmrl.envs.base import ANSWER_TOOL, Environment, Task
+from acmrl.rollout import prompts
+from acmrl.rollout.records import ContextEvent, ModelCall, Step, Trajectory
+
+MiB = 1024 * 1024
+
+
+class Episode:
+    """One task, one arm, one sample."""
+
+    def __init__(
+        self,
+        episode_id: str,
+        env: Environment,
+        task: Task,
+        arm: str,
+        tokenizer: Any,
+        *,
+        agent: AgentConfig,
+        sampling: SamplingConfig,
+        sample: int = 0,
+        seed: int = 0,
+        model: str = "",
+    ) -> None:
+        if arm not in ARMS:
+            raise ValueError(f"unknown arm {arm!r}; arms: {', '.join(ARMS)}")
+        self.id, self.env, self.task, self.arm = episode_id, env, task, arm
+        self.agent, self.sampling, self.seed = agent, sampling, seed
+        self.budget = agent.max_context_tokens or env.max_context_tokens or 8192
+        self.session = env.session(task)
+        extra = {"acm": prompts.ACM_TOOLS, "evolve": [EVOLVE_TOOL_SCHEMA]}.get(arm, [])
+        self.tools = [*self.session.tools, *extra]
+        system = prompts.system_prompt(arm, self.budget, STATE_PROMPT)
+        self.renderer = Renderer(tokenizer, system, self.tools)
+        self.helper_renderer = Renderer(tokenizer, None, [])
+        self.state: State = [user(task.prompt)]
+        self.archive = Archive() if arm == "acm" else None
+        self.phase = "generate"
+        self.turn = 0
+        self.queue: list[ToolCall] = []
+        self.last_input: list[int] = []  # the last policy prompt + completion: what is cached
+        self._resume: Callable[[Completion], None] | None = None
+        self.pending_role = "policy"
+        self._step: Step | None = None
+        self.traj = Trajectory(
+            episode_id, task.id, env.name, arm, sample, seed, model, task.prompt, task.answer
+        )
+
+    @property
+    def done(self) -> bool:
+        return self.phase == "done"
+
+    # -- driving ----------------------------------------------------------------------------------
+
+    def next_request(self) -> Request | None:
+        """Advance until a model call is needed (returned) or the episode is over (None)."""
+        while self.phase != "done" and self._resume is None:
+            try:
+                request = getattr(self, f"_on_{self.phase}")()
+            except Exception as exc:  # a bug in a tool must end this episode, not the run
+                self.finish("error", f"{type(exc).__name__}: {exc}")
+                return None
+            if request is not None:
+                return request
+        return None
+
+    def receive(self, completion: Completion) -> None:
+        resume, self._resume = self._resume, None
+        if resume is None:
+            raise RuntimeError(f"episode {self.id} received a completion it did not ask for")
+        try:
+            resume(completion)
+        except Exception as exc:
+            self.finish("error", f"{type(exc).__name__}: {exc}")
+
+    def fail(self, message: str) -> None:
+        """The engine could not serve this episode's request."""
+        self._resume = None
+        self.finish("error", message)
+
+    def finish(self, status: str, error: str | None = None) -> None:
+        self.phase = "done"
+        t = self.traj
+        t.status, t.error = status, error
+        t.answer = self.session.answer
+        t.score = self.session.score() if status == "answered" else 0.0
+        t.final_state = self.state
+        t.compute_metrics()
+        if self.archive is not None:
+            self.archive.close()
+
+    def _ask(self, role: str, ids: list[int], max_tokens: int, resume: Callable) -> Request:
+        self._resume = resume
+        self.pending_role = role  # the worker sends policy calls and helper calls to their engines
+        suffix = "" if role == "policy" else f"/{role}"
+        return Request(
+            session_id=self.id + suffix,
+            prompt_ids=ids,
+            max_tokens=max_tokens,
+            temperature=self.sampling.temperature if role == "policy" else 0.0,
+            top_p=self.sampling.top_p,
+            stop=list(self.sampling.stop) if role == "policy" else [],
+            seed=(self.seed * 100_003 + self.turn * 7 + len(self.traj.steps)) % (1 << 62),
+        )
+
+    @staticmethod
+    def _record(role: str, req_ids: list[int], c: Completion) -> ModelCall:
+        return ModelCall(
+            role,
+            req_ids,
+            c.completion_ids,
+            c.logprobs,
+            c.cached_prefix_tokens,
+            c.finish_reason,
+            c.wall_s,
+        )
+
+    # -- generate ---------------------------------------------------------------------------------
+
+    def _on_generate(self) -> Request | None:
+        if self.turn >= self.agent.max_turns:
+            self.finish("max_turns")
+            return None
+        ids = self.renderer.ids(self.state)
+        if (
+            self.arm == "summary"
+            and len(ids) >= self.agent.summary_threshold * self.budget
+            and len(self.state) > 2
+        ):
+            self.phase = "summarise"
+            return None
+        if len(ids) > self.budget:
+            self.finish("overflow", f"the input has {len(ids)} tokens; the budget is {self.budget}")
+            return None
+        return self._ask(
+            "policy", ids, self.sampling.max_new_tokens, lambda c: self._after_policy(ids, c)
+        )
+
+    def _after_policy(self, ids: list[int], c: Completion) -> None:
+        call = self._record("policy", ids, c)
+        self.last_input = ids + c.completion_ids
+        parsed = parse_completion(c.text, self.tools)
+        self._step = step = Step(self.turn, call, c.text)
+        self.traj.steps.append(step)
+        step.errors = [e.observation() for e in parsed.errors]
+        if parsed.calls:
+            if parsed.text.strip():
+                self.state.append(assistant(parsed.text.strip()))
+        else:  # keep what the model wrote, malformed calls included, so it can see its mistake
+            self.state.append(assistant(c.text.strip() or "(no reply)"))
+        if parsed.calls:
+            self.queue = list(parsed.calls)
+            self.phase = "tools"
+            return
+        if step.errors:
+            self._observe_user("\n".join(step.errors))
+        elif c.finish_reason == "length":
+            self._observe_user(
+                f"Your reply was cut off at {len(c.completion_ids)} tokens. Call one tool at a "
+                "time, or call answer."
+            )
+        else:  # a plain reply is the final answer
+            self.session.call(ANSWER_TOOL, {"text": c.text.strip() or "(no reply)"})
+            self.finish("answered")
+
+    def _observe_user(self, text: str) -> None:
+        self.state.append(user(text))
+        self._end_turn()
+
+    def _end_turn(self) -> None:
+        self.turn += 1
+        self.phase = "generate"
+        if self.agent.context_signal or (self.agent.harness_hint and self.arm in ("acm", "evolve")):
+            self._annotate_last()
+
+    def _annotate_last(self) -> None:
+        n = len(self.renderer.ids(self.state))
+        notes = []
+        if self.agent.context_signal:
+            notes.append(f"[context: {n} of {self.budget} tokens]")
+        if self.agent.harness_hint and n >= self.agent.hint_threshold * self.budget:
+            notes.append(f"[note: your context is {n} of {self.budget} tokens; compact it now]")
+        if notes:
+            last = self.state[-1]
+            note = "\n" + "\n".join(notes)
+            if last["type"] == "function_call_output":
+                last["output"] = output_text(last) + note
+            else:
+                last["content"][-1]["text"] += note
+
+    # -- tools ------------------------------------------------------------------------------------
+
+    def _on_tools(self) -> Request | None:
+        if not self.queue:
+            if self.session.done:
+                self.finish("answered")
+            elif self._step is not None and self._step.errors:
+                self._observe_user("\n".join(self._step.errors))
+            else:
+                self._end_turn()
+            return None
+        call = self.queue.pop(0)
+        step = self._step
+        assert step is not None
+        call_id = f"call_{self.turn}_{len(step.actions)}"
+        step.actions.append({"name": call.name, "arguments": call.arguments})
+        self.state.append(function_call(call_id, call.name, call.arguments))
+        if call.name == prompts.MANAGE_CONTEXT:
+            return self._manage_context(call_id)
+        if call.name == prompts.QUERY_MEMORY:
+            return self._query_memory(call_id, call.arguments)
+        if call.name == EVOLVE_TOOL:
+            self._evolve(call)
+            return None
+        obs = self.session.call(call.name, call.arguments)
+        self._output(call_id, obs if isinstance(obs, str) else json.dumps(obs))
+        if self.session.done:
+            self.queue.clear()  # nothing runs after the answer
+        return None
+
+    def _output(self, call_id: str, text: str) -> None:
+        self.state.append(function_call_output(call_id, text))
+        assert self._step is not None
+        self._step.observations.append(text)
+
+    def _call_tokens(self, call: dict[str, Any]) -> int:
+        return self.renderer.count(format_tool_call(call["name"], call["arguments"]))
+
+    def _event(
+        self, kind: str, after: State, call_tokens: int, helper: ModelCall | None, **kw: Any
+    ) -> ContextEvent:
+        before_ids = self.last_input
+        after_ids = self.renderer.ids(after, add_generation_prompt=False)
+        cost = cache_cost(before_ids, after_ids)
+        gen = len(helper.completion_ids) if helper else 0
+        read = len(helper.prompt_ids) - helper.cached_prefix_tokens if helper else 0
+        return ContextEvent(
+            kind,
+            len(before_ids),
+            len(after_ids),
+            reusable_prefix(before_ids, after_ids),
+            cost,
+            call_tokens,
+            gen + (len(helper.prompt_ids) if helper else 0),
+            # generated tokens (the call and the helper's) at the output weight, plus every input
+            # token processed anew: the policy's Cache Cost and the helper's unreused prompt
+            compaction_cost(call_tokens + gen, cost + read, self.agent.output_weight),
+            **kw,
+        )
+
+    # -- acm: manage_context / query_memory -------------------------------------------------------
+
+    def _boundary(self) -> int:
+        last = max((i for i, item in enumerate(self.state) if prompts.is_summary(item)), default=0)
+        return last + 1
+
+    def _summarise(self, items: State, on_done: Callable[[str, ModelCall], None]) -> Request:
+        text = prompts.SUMMARISER_PROMPT.format(
+            task=self.task.prompt, steps=prompts.items_text(items)
+        )
+        ids = self.helper_renderer.encode(
+            self.helper_renderer.tokenizer.apply_chat_template(
+                prompts.helper_messages(prompts.SUMMARISER_SYSTEM, text),
+                tokenize=False,
+                add_generation_prompt=True,
+            )
+        )
+        return self._ask(
+            "summariser",
+            ids,
+            self.agent.summary_max_tokens,
+            lambda c: on_done(c.text.strip(), self._record("summariser", ids, c)),
+        )
+
+    def _manage_context(self, call_id: str) -> Request | None:
+        start, call_item = self._boundary(), self.state[-1]
+        items = self.state[start:-1]
+        if not items:
+            self._output(call_id, "Nothing to compact: no steps since the last summary.")
+            return None
+
+        def done(summary: str, helper: ModelCall) -> None:
+            assert self.archive is not None and self._step is not None
+            sid = self.archive.put(items, summary)
+            self.state = [*self.state[:start], prompts.summary_item(summary, sid), call_item]
+            event = self._event(
+                "manage_context", self.state, self._call_tokens(call_item), helper, summary_id=sid
+            )
+            self._step.helper_calls.append(helper)
+            self._step.events.append(event)
+            self._output(call_id, f"Compacted {len(items)} items into summary {sid}.")
+
+        return self._summarise(items, done)
+
+    def _query_memory(self, call_id: str, args: dict[str, Any]) -> Request | None:
+        assert self.archive is not None
+        sid = args["summary_id"].strip()
+        try:
+            items = self.archive.get(sid)
+        except ArchiveError as exc:
+            self._output(call_id, f"Error: {exc}")
+            return None
+        text = prompts.QUERIER_PROMPT.format(
+            summary_id=sid, steps=prompts.items_text(items), query=args["query"]
+        )
+        ids = self.helper_renderer.encode(
+            self.helper_renderer.tokenizer.apply_chat_template(
+                prompts.helper_messages(prompts.QUERIER_SYSTEM, text),
+                tokenize=False,
+                add_generation_prompt=True,
+            )
+        )
+
+        def done(c: Completion) -> None:
+            assert self._step is not None
+            helper = self._record("querier", ids, c)
+            self._step.helper_calls.append(helper)
+            self._step.events.append(
+                self._event(
+                    "query_memory",
+                    self.state,
+                    self._call_tokens(self.state[-1]),
+                    helper,
+                    summary_id=sid,
+                )
+            )
+            self._output(call_id, f"[from {sid}] {c.text.strip() or '(nothing found)'}")
+
+        return self._ask("querier", ids, self.agent.query_max_tokens, done)
+
+    # -- summary arm: the monitor -----------------------------------------------------------------
+
+    def _on_summarise(self) -> Request | None:
+        items = self.state[1:]
+
+        def done(summary: str, helper: ModelCall) -> None:
+            self.state = [self.state[0], prompts.summary_item(summary or "(empty)", None)]
+            step = Step(self.turn, None, origin="harness")
+            step.helper_calls.append(helper)
+            step.events.append(self._event("summary", self.state, 0, helper))
+            self.traj.steps.append(step)
+            self.phase = "generate"
+
+        self.phase = "generate"  # resumes there once the summary is in
+        return self._summarise(items, done)
+
+    # -- evolve -----------------------------------------------------------------------------------
+
+    def _evolve(self, call: ToolCall) -> None:
+        assert self._step is not None
+        limits = EvolveLimits(
+            time_ms=self.agent.evolve_time_ms, heap_bytes=self.agent.evolve_heap_mb * MiB
+        )
+        call_item = self.state[-1]
+        result = apply_evolve(
+            self.state,
+            limits,
+            renderer=self.renderer,
+            call_tokens=self._call_tokens(call_item),
+            output_weight=self.agent.output_weight,
+            before_ids=self.last_input,
+        )
+        body = result.receipt
+        self.state = result.state
+        self._step.observations.append(output_text(self.state[-1]))
+        self._step.events.append(
+            ContextEvent(
+                "evolve",
+                body.get("tokens_before", 0),
+                body.get("tokens_after", 0),
+                body.get("reusable_prefix", 0),
+                body.get("cache_cost", 0),
+                body.get("call_tokens", self._call_tokens(call_item)),
+                0,
+                float(body.get("compaction_cost", 0.0)),
+                applied=result.applied,
+                detail=result.error or "",
+            )
+        )

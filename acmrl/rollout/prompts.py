@@ -1,0 +1,105 @@
+"""System prompts, the ACM tool schemas, and the summariser and querier prompts of the arms."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from acmrl.context.render import tool_schema
+from acmrl.context.state import Item, State, message_text, output_text, user
+
+BASE_PROMPT = (
+    "You are a research agent. Solve the task with the tools. Call one tool at a time and read "
+    "its result before the next call. When you know the answer, call `answer` with only the answer."
+)
+
+ACM_PROMPT = (
+    "Your context holds at most {budget} tokens; beyond that the task fails. `manage_context()` "
+    "replaces your steps since the last summary with a short summary (the raw steps are archived "
+    "under the summary's id); `query_memory(summary_id, query)` answers a question from an "
+    "archived block. Compact before your context is full, and keep facts you will need later."
+)
+
+MANAGE_CONTEXT = "manage_context"
+QUERY_MEMORY = "query_memory"
+
+ACM_TOOLS = [
+    tool_schema(
+        MANAGE_CONTEXT,
+        "Compress your steps since the last summary into a summary; the raw steps are archived "
+        "under the summary's id (e.g. S1) and leave your context.",
+        {},
+    ),
+    tool_schema(
+        QUERY_MEMORY,
+        "Ask a question about an archived block of your earlier steps; returns a short extract.",
+        {
+            "summary_id": {"type": "string", "description": "The id of a summary, e.g. S1."},
+            "query": {"type": "string", "description": "What you need from that block."},
+        },
+    ),
+]
+
+SUMMARISER_SYSTEM = "You write faithful, compact notes of an agent's work for the agent itself."
+
+SUMMARISER_PROMPT = """Task of the agent:
+{task}
+
+Steps to summarise:
+{steps}
+
+Write a concise summary of these steps in the first person. Keep every fact, name, number, year and
+document id the task may still need; drop everything else. Write only the summary."""
+
+QUERIER_SYSTEM = "You extract the facts an agent asks for from its archived notes."
+
+QUERIER_PROMPT = """Archived steps {summary_id}:
+{steps}
+
+Question: {query}
+
+Answer with only the relevant facts from the archived steps, briefly. If they hold no answer, say so."""
+
+
+def system_prompt(arm: str, budget: int, state_prompt: str) -> str:
+    if arm == "acm":
+        return f"{BASE_PROMPT}\n\n{ACM_PROMPT.format(budget=budget)}"
+    if arm == "evolve":
+        return f"{BASE_PROMPT}\n\n{state_prompt}"
+    return BASE_PROMPT
+
+
+def items_text(items: State) -> str:
+    """A plain-text transcript of State items, for the summariser and the querier."""
+    lines = []
+    for item in items:
+        kind = item["type"]
+        if kind == "message":
+            lines.append(f"{item['role']}: {message_text(item)}")
+        elif kind == "function_call":
+            args = json.loads(item["arguments"])
+            lines.append(f"call {item['name']}({json.dumps(args, ensure_ascii=False)})")
+        else:
+            lines.append(f"result: {output_text(item)}")
+    return "\n".join(lines)
+
+
+def summary_item(text: str, summary_id: str | None) -> Item:
+    if summary_id is None:
+        return user(f"[summary of earlier steps]\n{text}")
+    return user(
+        f'[{summary_id}] summary of earlier steps (archived; query_memory("{summary_id}", ...) '
+        f"retrieves details):\n{text}"
+    )
+
+
+def is_summary(item: Item) -> bool:
+    return (
+        item.get("type") == "message"
+        and item.get("role") == "user"
+        and message_text(item).startswith(("[summary of earlier steps]", "[S"))
+    )
+
+
+def helper_messages(system: str, prompt: str) -> list[dict[str, Any]]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": prompt}]

@@ -1,0 +1,124 @@
+"""What a rollout records: every model call, every step, every context event, per episode.
+
+A :class:`Trajectory` is one JSON line of a rollout file. It holds everything the teacher, the
+rewards and the trainer need: the exact token ids of each model call (prompt as the engine saw it,
+completion, logprobs, the prefix the engine reused), the parsed actions and observations, the
+context events with the cost figures of seed 001, the final answer and status, and metrics.
+Token origin is explicit: completion ids of ``policy`` calls are the policy's tokens, teacher
+edits are marked ``teacher``, everything else in a prompt came from the environment or harness.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+STATUSES = ("answered", "overflow", "max_turns", "error")
+ROLES = ("policy", "summariser", "querier", "teacher")
+
+
+@dataclass
+class ModelCall:
+    role: str  # policy | summariser | querier | teacher
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    cached_prefix_tokens: int
+    finish_reason: str
+    wall_s: float
+
+
+@dataclass
+class ContextEvent:
+    """One compaction or memory operation, with the figures of DESIGN.md "Costs"."""
+
+    kind: str  # manage_context | query_memory | summary | evolve
+    tokens_before: int
+    tokens_after: int
+    reusable_prefix: int
+    cache_cost: int
+    call_tokens: int  # generated tokens of the call itself
+    helper_tokens: int  # summariser / querier tokens (prompt + completion)
+    compaction_cost: float
+    applied: bool = True
+    summary_id: str | None = None
+    detail: str = ""
+
+
+@dataclass
+class Step:
+    turn: int
+    call: ModelCall | None  # the policy call of this step (None for harness-only steps)
+    text: str = ""  # the completion's text
+    actions: list[dict[str, Any]] = field(default_factory=list)  # [{"name", "arguments"}]
+    errors: list[str] = field(default_factory=list)  # malformed calls, as the agent saw them
+    observations: list[str] = field(default_factory=list)
+    events: list[ContextEvent] = field(default_factory=list)
+    helper_calls: list[ModelCall] = field(default_factory=list)  # summariser / querier calls
+    origin: str = "policy"  # policy | teacher | harness (the summary monitor)
+
+
+@dataclass
+class Trajectory:
+    episode_id: str
+    task_id: str
+    env: str
+    arm: str
+    sample: int
+    seed: int
+    model: str
+    prompt: str
+    reference: str | list[str]
+    steps: list[Step] = field(default_factory=list)
+    answer: str | None = None
+    status: str = "error"
+    score: float = 0.0
+    error: str | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    final_state: list[dict[str, Any]] = field(default_factory=list)
+    edit: dict[str, Any] | None = (
+        None  # provenance of a teacher edit (step, kind, rationale, teacher)
+    )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trajectory:
+        steps = []
+        for s in data.get("steps", []):
+            s = dict(s)
+            s["call"] = ModelCall(**s["call"]) if s.get("call") else None
+            s["events"] = [ContextEvent(**e) for e in s.get("events", [])]
+            s["helper_calls"] = [ModelCall(**c) for c in s.get("helper_calls", [])]
+            steps.append(Step(**s))
+        known = {f.name for f in fields(cls)}
+        return cls(**{**{k: v for k, v in data.items() if k in known}, "steps": steps})
+
+    def policy_calls(self) -> list[ModelCall]:
+        return [s.call for s in self.steps if s.call is not None and s.call.role == "policy"]
+
+    def compute_metrics(self) -> dict[str, Any]:
+        calls = self.policy_calls()
+        helpers = [c for s in self.steps for c in s.helper_calls]
+        events = [e for s in self.steps for e in s.events]
+        self.metrics = {
+            "turns": len(self.steps),
+            "peak_context_tokens": max((len(c.prompt_ids) for c in calls), default=0),
+            "mean_context_tokens": (sum(len(c.prompt_ids) for c in calls) / len(calls))
+            if calls
+            else 0.0,
+            "tool_calls": sum(len(s.actions) for s in self.steps),
+            "malformed_calls": sum(len(s.errors) for s in self.steps),
+            "compactions": sum(e.applied and e.kind != "query_memory" for e in events),
+            "summariser_calls": sum(c.role == "summariser" for c in helpers),
+            "querier_calls": sum(c.role == "querier" for c in helpers),
+            "policy_tokens": sum(len(c.completion_ids) for c in calls),
+            "prompt_tokens": sum(len(c.prompt_ids) for c in calls + helpers),
+            "reused_tokens": sum(c.cached_prefix_tokens for c in calls + helpers),
+            "total_tokens": sum(len(c.prompt_ids) + len(c.completion_ids) for c in calls + helpers),
+            "compaction_cost": sum(e.compaction_cost for e in events),
+            "cache_cost": sum(e.cache_cost for e in events),
+            "wall_s": self.metrics.get("wall_s", 0.0),  # set by the worker: batches share calls
+        }
+        return self.metrics

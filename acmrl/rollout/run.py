@@ -1,0 +1,159 @@
+"""``acmrl rollout``: tasks x arms x samples with a progress bar, resumable JSONL, a summary table."""
+
+from __future__ import annotations
+
+import random
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from acmrl.config import RolloutConfig, to_dict
+from acmrl.engines.base import Engine
+from acmrl.envs import Environment, load
+from acmrl.rollout.agent import Episode
+from acmrl.rollout.worker import (
+    TrajectoryWriter,
+    episode_id,
+    read_trajectories,
+    run_episodes,
+    summary_rows,
+)
+
+
+def make_engine(cfg: RolloutConfig) -> Engine:
+    from acmrl.engines.hf import HFEngine
+
+    return HFEngine.from_config(
+        cfg.model, reuse_cache=cfg.engine.reuse_cache, max_batch=cfg.engine.max_batch, seed=cfg.seed
+    )
+
+
+def plan_episodes(
+    cfg: RolloutConfig, env: Environment, tokenizer: Any, skip: set[str]
+) -> Iterator[Episode]:
+    tasks = env.tasks(cfg.env.split)[: cfg.env.limit]
+    for task in tasks:
+        for arm in cfg.arms:
+            for sample in range(cfg.samples):
+                eid = episode_id(task.id, arm, sample)
+                if eid in skip:
+                    continue
+                seed = cfg.seed * 1_000_003 + zlib.crc32(eid.encode())
+                yield Episode(
+                    eid,
+                    env,
+                    task,
+                    arm,
+                    tokenizer,
+                    agent=cfg.agent,
+                    sampling=cfg.sampling,
+                    sample=sample,
+                    seed=seed,
+                    model=cfg.model.name,
+                )
+
+
+def _tensorboard(cfg: RolloutConfig) -> Any:
+    if not cfg.tensorboard:
+        return None
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(str(Path(cfg.output).parent / "tensorboard"))
+
+
+def run_rollout(
+    cfg: RolloutConfig, engine: Engine | None = None, tokenizer: Any = None
+) -> list[dict[str, Any]]:
+    """Run the rollout ``cfg`` describes; returns the per-arm summary rows of the whole file."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    env = load(cfg.env.name, **cfg.env.options)
+    n_tasks = len(env.tasks(cfg.env.split)[: cfg.env.limit])
+    total = n_tasks * len(cfg.arms) * cfg.samples
+    writer = TrajectoryWriter(cfg.output)
+    if engine is None:
+        engine = make_engine(cfg)
+    tokenizer = tokenizer or engine.tokenizer  # type: ignore[attr-defined]
+    tb = _tensorboard(cfg)
+    counts: dict[str, int] = {}
+    columns = [
+        TextColumn("rollout"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[last]}"),
+    ]
+    try:
+        with Progress(*columns) as progress:
+            bar = progress.add_task("episodes", total=total, completed=len(writer.done), last="")
+
+            def done(ep: Episode) -> None:
+                writer.write(ep.traj)
+                counts[ep.arm] = counts.get(ep.arm, 0) + 1
+                progress.update(
+                    bar, advance=1, last=f"{ep.arm}: {ep.traj.status} {ep.traj.score:.2f}"
+                )
+                if tb is not None:
+                    step = counts[ep.arm]
+                    tb.add_scalar(f"{ep.arm}/score", ep.traj.score, step)
+                    for key in (
+                        "peak_context_tokens",
+                        "tool_calls",
+                        "compactions",
+                        "compaction_cost",
+                    ):
+                        tb.add_scalar(f"{ep.arm}/{key}", ep.traj.metrics.get(key, 0), step)
+
+            episodes = list(plan_episodes(cfg, env, tokenizer, writer.done))
+            random.Random(cfg.seed).shuffle(episodes)  # mix arms so batches are not all one arm
+            run_episodes(episodes, engine, concurrency=cfg.concurrency, on_done=done)
+    finally:
+        writer.close()
+        if tb is not None:
+            tb.close()
+    (Path(cfg.output).parent / "config.yaml").write_text(_yaml(to_dict(cfg)))
+    return summary_rows(read_trajectories(cfg.output))
+
+
+def _yaml(data: dict[str, Any]) -> str:
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def print_summary(rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="rollout summary (per arm)")
+    heads = [
+        "arm",
+        "episodes",
+        "success",
+        "score",
+        "answered",
+        "overflow",
+        "mean ctx",
+        "peak ctx",
+        "tool calls",
+        "compactions",
+        "wall s",
+    ]
+    for h in heads:
+        table.add_column(h, justify="left" if h == "arm" else "right")
+    for r in rows:
+        table.add_row(
+            r["arm"],
+            str(r["episodes"]),
+            f"{r['success']:.2f}",
+            f"{r['score']:.2f}",
+            f"{r['answered']:.2f}",
+            f"{r['overflow']:.2f}",
+            f"{r['mean_context']:.0f}",
+            str(r["peak_context"]),
+            f"{r['tool_calls']:.1f}",
+            f"{r['compactions']:.1f}",
+            f"{r['wall_s']:.1f}",
+        )
+    Console().print(table)

@@ -1,0 +1,160 @@
+"""Workers: many episodes at once, their model calls batched, trajectories written as they end.
+
+``run_rollout(cfg)`` runs tasks x arms x samples. Up to ``concurrency`` episodes are in flight;
+each round collects the pending request of every episode, sends policy calls to the policy engine
+and summariser/querier calls to the helper engine (the student itself unless configured), in one
+batch each, and hands the completions back. A finished episode is appended to the JSONL output
+at once (one line, flushed and fsynced), so a killed run loses at most the episodes in flight; on
+restart the episodes already in the file are skipped, and a torn last line is cut off first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from acmrl.engines.base import Completion, Engine, EngineError, Request
+from acmrl.rollout.agent import Episode
+from acmrl.rollout.records import Trajectory
+
+
+class TrajectoryWriter:
+    """Appends trajectories to a JSONL file, one complete line per episode, resumably."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.done: set[str] = set()
+        if self.path.exists():
+            self._recover()
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def _recover(self) -> None:
+        data = self.path.read_bytes()
+        end = data.rfind(b"\n") + 1
+        if end < len(data):  # a line torn by a kill: drop it, its episode runs again
+            with self.path.open("r+b") as f:
+                f.truncate(end)
+        for n, line in enumerate(data[:end].splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                self.done.add(json.loads(line)["episode_id"])
+            except (json.JSONDecodeError, KeyError) as exc:
+                raise ValueError(
+                    f"{self.path}:{n}: not a trajectory line ({exc}); move the file away"
+                ) from exc
+
+    def write(self, traj: Trajectory) -> None:
+        self._file.write(json.dumps(traj.to_dict(), ensure_ascii=False) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self.done.add(traj.episode_id)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_trajectories(path: str | Path) -> list[Trajectory]:
+    out = []
+    with Path(path).open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                out.append(Trajectory.from_dict(json.loads(line)))
+    return out
+
+
+def _serve(engine: Engine, pairs: list[tuple[Episode, Request]]) -> None:
+    """Generate for a batch; if the engine refuses it, retry one by one so only culprits fail."""
+    if not pairs:
+        return
+    try:
+        completions: list[Completion | EngineError] = list(engine.generate([r for _, r in pairs]))
+    except EngineError:
+        completions = []
+        for _, req in pairs:
+            try:
+                completions.append(engine.generate([req])[0])
+            except EngineError as exc:
+                completions.append(exc)
+    for (episode, _), c in zip(pairs, completions, strict=True):
+        if isinstance(c, EngineError):
+            episode.fail(f"engine: {c}")
+        else:
+            episode.receive(c)
+
+
+def run_episodes(
+    episodes: Iterable[Episode],
+    engine: Engine,
+    *,
+    helper_engine: Engine | None = None,
+    concurrency: int = 8,
+    on_done: Callable[[Episode], None] = lambda ep: None,
+) -> None:
+    """Drive ``episodes`` to completion, ``concurrency`` at a time, batching their model calls."""
+    helper_engine = helper_engine or engine
+    waiting = iter(episodes)
+    active: list[Episode] = []
+    started: dict[str, float] = {}
+    while True:
+        while len(active) < concurrency:
+            nxt = next(waiting, None)
+            if nxt is None:
+                break
+            started[nxt.id] = time.perf_counter()
+            active.append(nxt)
+        if not active:
+            return
+        policy, helpers = [], []
+        for ep in active:
+            req = ep.next_request()
+            if req is not None:
+                (policy if ep.pending_role == "policy" else helpers).append((ep, req))
+        for ep in [e for e in active if e.done]:
+            ep.traj.metrics["wall_s"] = round(time.perf_counter() - started.pop(ep.id), 3)
+            for suffix in ("", "/summariser", "/querier"):
+                engine.release(ep.id + suffix)
+                helper_engine.release(ep.id + suffix)
+            on_done(ep)
+        active = [e for e in active if not e.done]
+        _serve(engine, policy)
+        _serve(helper_engine, helpers)
+
+
+def episode_id(task_id: str, arm: str, sample: int) -> str:
+    return f"{task_id}#{arm}#{sample}"
+
+
+def _mean(ts: list[Trajectory], key: str) -> float:
+    return sum(t.metrics.get(key, 0) for t in ts) / len(ts)
+
+
+def summary_rows(trajectories: Iterable[Trajectory]) -> list[dict[str, Any]]:
+    """Per arm: episodes, success, mean score, context tokens, tool calls, compactions, wall time."""
+    by_arm: dict[str, list[Trajectory]] = {}
+    for t in trajectories:
+        by_arm.setdefault(t.arm, []).append(t)
+    rows = []
+    for arm, ts in by_arm.items():
+        n = len(ts)
+        rows.append(
+            {
+                "arm": arm,
+                "episodes": n,
+                "success": sum(t.score >= 1.0 for t in ts) / n,
+                "score": sum(t.score for t in ts) / n,
+                "answered": sum(t.status == "answered" for t in ts) / n,
+                "overflow": sum(t.status == "overflow" for t in ts) / n,
+                "mean_context": _mean(ts, "mean_context_tokens"),
+                "peak_context": max(t.metrics.get("peak_context_tokens", 0) for t in ts),
+                "tool_calls": _mean(ts, "tool_calls"),
+                "compactions": _mean(ts, "compactions"),
+                "wall_s": _mean(ts, "wall_s"),
+            }
+        )
+    return rows
