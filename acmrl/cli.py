@@ -14,7 +14,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from acmrl.config import ConfigError, GenerateConfig, RolloutConfig, load_config
+from acmrl.config import ConfigError, GenerateConfig, RolloutConfig, ServeConfig, load_config
 
 app = typer.Typer(
     name="acmrl",
@@ -136,6 +136,36 @@ def rollout(config: ConfigOpt = None, overrides: Overrides = None) -> None:
         fail(str(exc))
     print_summary(rows)
     typer.echo(f"trajectories: {cfg.output}")
+
+
+@app.command()
+def serve(config: ConfigOpt = None, overrides: Overrides = None) -> None:
+    """Serve a model over an OpenAI-compatible completions API (token ids, logprobs, cached tokens)."""
+    cfg = _load(ServeConfig, config, overrides)
+    from acmrl.engines.hf import HFEngine
+    from acmrl.engines.server import make_server
+    from acmrl.models import ModelError
+
+    try:
+        engine = HFEngine.from_config(
+            cfg.model, reuse_cache=cfg.engine.reuse_cache, max_batch=cfg.engine.max_batch
+        )
+    except ModelError as exc:
+        fail(str(exc))
+    try:
+        server = make_server(
+            engine, engine.tokenizer, cfg.model.name, cfg.host, cfg.port, cfg.engine.max_batch
+        )
+    except OSError as exc:
+        fail(f"cannot listen on {cfg.host}:{cfg.port}: {exc}")
+    host, port = server.server_address[:2]
+    typer.echo(f"acmrl serve: listening on http://{host}:{port} (model {cfg.model.name})", err=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
 
 
 @app.command(hidden=True)

@@ -360,9 +360,27 @@ class EnvConfig:
 class EngineConfig:
     """The generation backend."""
 
-    kind: Literal["hf"] = option("hf", "hf: transformers in this process")
+    kind: Literal["hf", "openai"] = option(
+        "hf",
+        "hf: transformers in this process; openai: OpenAI-compatible servers (vllm serve, acmrl serve)",
+    )
     reuse_cache: bool = option(True, "keep each session's KV cache across turns (hf)")
-    max_batch: int = option(8, "most requests decoded together", min=1)
+    max_batch: int = option(8, "most requests decoded together (hf)", min=1)
+    base_urls: list[str] = option(
+        [], "openai: server URLs, e.g. http://node1:8000; sessions keep to one"
+    )
+    served_model: str | None = option(
+        None, "openai: the model name the servers know; null: model.name"
+    )
+    api_key_env: str = option(
+        "OPENAI_API_KEY", "openai: environment variable holding the API key, if any"
+    )
+    timeout_s: float = option(120.0, "openai: seconds to wait for one completion", min=0.1)
+    max_retries: int = option(4, "openai: retries per server with exponential backoff", min=0)
+
+    def check(self) -> None:
+        if self.kind == "openai" and not self.base_urls:
+            raise ConfigError("engine.base_urls: the openai engine needs at least one server URL")
 
 
 @dataclasses.dataclass
@@ -387,8 +405,22 @@ class RolloutConfig:
             raise ConfigError(f"arms: got {self.arms}, each must be one of {', '.join(ARMS)}")
 
 
+@dataclasses.dataclass
+class ServeConfig:
+    """`acmrl serve`: an OpenAI-compatible completions server for a model (transformers engine)."""
+
+    model: ModelConfig = section(ModelConfig, "the model to serve")
+    engine: EngineConfig = section(EngineConfig, "batching and cache reuse")
+    host: str = option("127.0.0.1", "address to listen on (0.0.0.0 for every interface)")
+    port: int = option(8000, "port; 0 picks a free one (printed at start)", min=0, max=65535)
+
+
 # `configs/<command>*.yaml` holds configs for that command (checked by the tests)
-COMMAND_CONFIGS: dict[str, type] = {"generate": GenerateConfig, "rollout": RolloutConfig}
+COMMAND_CONFIGS: dict[str, type] = {
+    "generate": GenerateConfig,
+    "rollout": RolloutConfig,
+    "serve": ServeConfig,
+}
 
 
 def config_class_for(path: str | Path) -> type:

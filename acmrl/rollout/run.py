@@ -22,10 +22,28 @@ from acmrl.rollout.worker import (
 
 
 def make_engine(cfg: RolloutConfig) -> Engine:
+    """The policy engine the config names; it also carries the tokenizer that renders States."""
+    e = cfg.engine
+    if e.kind == "openai":
+        import os
+
+        from acmrl.engines.openai import OpenAIEngine
+        from acmrl.models import load_tokenizer
+
+        engine = OpenAIEngine(
+            e.base_urls,
+            e.served_model or cfg.model.name,
+            load_tokenizer(cfg.model.name),
+            api_key=os.environ.get(e.api_key_env),
+            timeout_s=e.timeout_s,
+            max_retries=e.max_retries,
+            concurrency=cfg.concurrency,
+        )
+        return engine
     from acmrl.engines.hf import HFEngine
 
     return HFEngine.from_config(
-        cfg.model, reuse_cache=cfg.engine.reuse_cache, max_batch=cfg.engine.max_batch, seed=cfg.seed
+        cfg.model, reuse_cache=e.reuse_cache, max_batch=e.max_batch, seed=cfg.seed
     )
 
 

