@@ -129,3 +129,24 @@ def test_the_server_speaks_the_openai_protocol(servers):
         reply = json.loads(r.read())
     assert reply["object"] == "text_completion" and reply["usage"]["completion_tokens"] == 3
     assert reply["choices"][0]["logprobs"] is None and len(reply["choices"][0]["token_ids"]) == 3
+
+
+def test_a_rollout_through_the_servers(servers, tiny_model_dir, tmp_path):
+    from acmrl.config import RolloutConfig
+    from acmrl.rollout.run import run_rollout
+    from acmrl.rollout.worker import read_trajectories
+
+    urls, _ = servers
+    cfg = RolloutConfig(arms=["react", "acm"], output=str(tmp_path / "t.jsonl"), tensorboard=False)
+    cfg.model.name = str(tiny_model_dir)
+    cfg.engine.kind = "openai"
+    cfg.engine.base_urls = urls
+    cfg.env.options = {"preset": "tiny", "seed": 0}
+    cfg.env.limit = 2
+    cfg.sampling.max_new_tokens = 8
+    cfg.agent.max_turns = 2
+    rows = run_rollout(cfg)
+    trajs = read_trajectories(cfg.output)
+    assert len(trajs) == 4 and {r["arm"] for r in rows} == {"react", "acm"}
+    calls = [s.call for t in trajs for s in t.steps if s.call]
+    assert calls and all(len(c.completion_ids) == len(c.logprobs) > 0 for c in calls)

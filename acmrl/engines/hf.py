@@ -15,6 +15,7 @@ same with and without reuse (a test checks it).
 
 from __future__ import annotations
 
+import inspect
 import random
 import time
 from collections import OrderedDict
@@ -80,6 +81,9 @@ class HFEngine(Engine):
         self.pad_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
         )
+        # transformers >= 5.2x names the cache argument `cache`; earlier 5.x `past_key_values`
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._sessions: OrderedDict[str, _Cached] = OrderedDict()
         self._seeds = random.Random(seed)
 
@@ -97,6 +101,11 @@ class HFEngine(Engine):
 
     def close(self) -> None:
         self._sessions.clear()
+
+    @staticmethod
+    def _cache_of(out: Any) -> Any:
+        cache = getattr(out, "cache", None)
+        return cache if cache is not None else out.past_key_values
 
     def cached_tokens(self, session_id: str) -> int:
         entry = self._sessions.get(session_id)
@@ -137,8 +146,8 @@ class HFEngine(Engine):
         data = [(k[:, :, :reuse], v[:, :, :reuse]) for k, v in entry.kv] if reuse else None
         cache = DynamicCache(ddp_cache_data=data, config=self.model.config)
         ids = torch.tensor([prompt[reuse:]], device=self.device)
-        out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-        return _kv_of(out.cache), reuse, out.logits[0, -1].float()
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
+        return _kv_of(self._cache_of(out)), reuse, out.logits[0, -1].float()
 
     def _sample(self, row: _Row, logits: torch.Tensor) -> None:
         req = row.req
@@ -225,10 +234,10 @@ class HFEngine(Engine):
                 input_ids=ids,
                 attention_mask=mask,
                 position_ids=pos,
-                cache=cache,
+                **{self._cache_kw: cache},
                 use_cache=True,
             )
-            cache = out.cache
+            cache = self._cache_of(out)
             fed += 1
             logits = out.logits[:, -1].float().cpu()
             for i, r in enumerate(rows):
