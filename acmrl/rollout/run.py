@@ -174,4 +174,7 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
             f"{r['compactions']:.1f}",
             f"{r['wall_s']:.1f}",
         )
-    Console().print(table)
+    console = Console()
+    if console.width < 120:  # a pipe or a narrow terminal: do not squeeze the numbers
+        console = Console(width=120)
+    console.print(table)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from acmrl.config import ARMS
 from acmrl.engines.base import Completion, Engine, EngineError, Request
 from acmrl.rollout.agent import Episode
 from acmrl.rollout.records import Trajectory
@@ -140,7 +141,8 @@ def summary_rows(trajectories: Iterable[Trajectory]) -> list[dict[str, Any]]:
     for t in trajectories:
         by_arm.setdefault(t.arm, []).append(t)
     rows = []
-    for arm, ts in by_arm.items():
+    order = {arm: i for i, arm in enumerate(ARMS)}
+    for arm, ts in sorted(by_arm.items(), key=lambda kv: order.get(kv[0], len(order))):
         n = len(ts)
         rows.append(
             {
