@@ -21,12 +21,15 @@ def main() -> int:
     p.add_argument("--model", required=True)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--compare-hf", action="store_true")
+    p.add_argument("--lora", help="a PEFT LoRA adapter folder for the model")
+    p.add_argument("--lora-merged", help="the same adapter merged into the model, for transformers")
     args = p.parse_args()
     from acmrl.engines.base import Request
     from acmrl.engines.vllm import VLLMEngine
 
     t0 = time.perf_counter()
-    eng = VLLMEngine(args.model, dtype=args.dtype, max_model_len=4096, seed=0)
+    eng = VLLMEngine(args.model, dtype=args.dtype, max_model_len=4096, seed=0, lora_path=args.lora)
+    eng.use_lora = False
     print(f"load: {time.perf_counter() - t0:.1f} s")
     tok = eng.tokenizer
     # long enough to fill several KV blocks (vLLM caches whole blocks; 128 tokens on CPU)
@@ -98,6 +101,30 @@ def main() -> int:
             same >= 8,
             f"{same} of 24 greedy tokens identical ({args.dtype} vs float32)",
         )
+    if args.lora:
+        eng.use_lora = True
+        lo = eng.generate([Request("l", ids, max_tokens=24)])[0]
+        check("LoRA changes the output", lo.completion_ids != a.completion_ids, repr(lo.text[:60]))
+        if args.lora_merged:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            from acmrl.engines.hf import HFEngine
+
+            merged = AutoModelForCausalLM.from_pretrained(args.lora_merged, dtype=torch.float32)
+            h = HFEngine(merged, AutoTokenizer.from_pretrained(args.lora_merged))
+            ref = h.generate([Request("m", ids, max_tokens=24)])[0]
+            same = next(
+                (
+                    i
+                    for i, (x, y) in enumerate(
+                        zip(lo.completion_ids, ref.completion_ids, strict=False)
+                    )
+                    if x != y
+                ),
+                len(lo.completion_ids),
+            )
+            check("LoRA as the merged model", same >= 8, f"{same} of 24 greedy tokens identical")
     return 1 if failures else 0
 
 

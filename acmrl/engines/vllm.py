@@ -61,6 +61,7 @@ class VLLMEngine(Engine):
         self.llm = vllm.LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self._lora = None
+        self.use_lora = lora_path is not None  # switch the adapter off to sample the base model
         if lora_path is not None:
             from vllm.lora.request import LoRARequest
 
@@ -88,7 +89,7 @@ class VLLMEngine(Engine):
             [TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests],
             [self._params(r) for r in requests],
             use_tqdm=False,
-            lora_request=self._lora,
+            lora_request=self._lora if self.use_lora else None,
         )
         wall = time.perf_counter() - t0
         return [self._completion(r, o, wall) for r, o in zip(requests, outs, strict=True)]
