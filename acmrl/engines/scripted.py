@@ -17,16 +17,21 @@ from acmrl.engines.base import Completion, Engine, Request
 class ScriptedEngine(Engine):
     name = "scripted"
 
-    def __init__(self, tokenizer: Any, reply: Callable[[str, str], str]) -> None:
+    def __init__(
+        self, tokenizer: Any, reply: Callable[[str, str], str], *, truncate: bool = True
+    ) -> None:
         self.tokenizer = tokenizer
         self.reply = reply
+        self.truncate = truncate  # False: a script's reply is never cut at max_tokens
 
     def generate(self, requests: list[Request]) -> list[Completion]:
         out = []
         for req in requests:
             text = self.reply(req.session_id, self.tokenizer.decode(req.prompt_ids))
-            ids = self.tokenizer.encode(text, add_special_tokens=False)[: req.max_tokens]
-            finish = "length" if len(ids) == req.max_tokens else "stop"
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            if self.truncate:
+                ids = ids[: req.max_tokens]
+            finish = "length" if self.truncate and len(ids) == req.max_tokens else "stop"
             if finish == "stop":
                 ids.append(self.tokenizer.eos_token_id)
             else:

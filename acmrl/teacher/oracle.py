@@ -1,0 +1,150 @@
+"""The oracle teacher: places edits from the environment's ground truth.
+
+It knows the expert's plan (``env.oracle_plan``), which documents each hop needs
+(``metadata["gold_docs"]``) and the budget, and it reads what the student has seen so far. It
+writes rationales only from that seen material, so they pass the validators of
+:mod:`acmrl.teacher.assessment` on their own merit.
+
+- **Injection** (arms with context tools): at the first policy step whose input reaches
+  ``pressure`` x budget with nothing compacted since, the student should have compacted:
+  ``manage_context`` (acm) or an ``evolve`` that cuts the documents already read down to their
+  fact sentences (evolve).
+- **Correction**: the first unproductive step: an answer before the evidence was read, a call
+  that repeats an earlier one, a call that failed, or a turn without a call; it is replaced by the
+  next call the plan still needs given what has been seen.
+- **no_action** otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from acmrl.envs.base import Environment, Task
+from acmrl.rollout.records import Trajectory
+from acmrl.teacher.assessment import Assessment, seen_text
+
+# evolve: keep, in every tool output so far, only the sentences that state a relation or a year
+# (and result lines, which start with an id); everything else of a document already read is filler
+EVOLVE_KEEP_FACTS = r"""
+const keep = /born|works for|mentor|grew up|founded|headquarters|was held|took place|organised|\[|\d{4}/;
+return state.map(item => {
+  if (item.type !== "function_call_output" || typeof item.output !== "string") return item;
+  const kept = item.output.split(/(?<=\.)\s+/).filter(s => keep.test(s));
+  return {...item, output: kept.join(" ") || item.output.slice(0, 200)};
+});
+""".strip()
+
+
+def _policy_steps(traj: Trajectory) -> list[Any]:
+    return [s for s in traj.steps if s.call is not None and s.call.role == "policy"]
+
+
+def _opened(doc_id: str, seen: str) -> bool:
+    """Whether the full document was shown (an ``open`` result starts "[id] title" + blank line)."""
+    return re.search(rf"\[{re.escape(doc_id)}\] [^\n]*\n\n", seen) is not None
+
+
+def _next_needed(
+    env: Environment, task: Task, seen: str, done: list[tuple[str, str]]
+) -> tuple[str, dict[str, Any]]:
+    """The next call of the expert's plan the student still needs, given what it has seen."""
+    plan = env.oracle_plan(task)
+    for i, (name, args) in enumerate(plan):
+        if name == "open":
+            if _opened(args["doc_id"], seen):
+                continue
+            if args["doc_id"] in seen or i == 0 or plan[i - 1][0] != "search":
+                return name, args  # the id is in search results already: read it
+            return plan[i - 1]  # find it first
+        if name == "answer":
+            return name, args
+        if name != "search" and (name, json.dumps(args, sort_keys=True)) not in done:
+            return name, args
+    return plan[-1]
+
+
+def _describe(name: str, args: dict[str, Any], seen: str) -> str:
+    if name == "search":
+        return f"I need to find out more about {args['query']}, so I will search for it."
+    if name == "open":
+        return (
+            f"The search results list {args['doc_id']}; I should read that document before I go on."
+        )
+    if name == "answer":
+        return "I have read everything the question depends on, so I can give my answer now."
+    return f"The next thing I need is to call {name} with {json.dumps(args)}."
+
+
+def _facts_seen(task: Task, seen: str) -> list[str]:
+    return [f for f in task.metadata.get("facts", []) if f.split(" is ")[-1].rstrip(".") in seen][
+        :2
+    ]
+
+
+class OracleTeacher:
+    name = "oracle"
+
+    def __init__(self, env: Environment, *, pressure: float = 0.6) -> None:
+        self.env = env
+        self.pressure = pressure
+
+    def assess(self, task: Task, traj: Trajectory, budget: int) -> Assessment:
+        steps = _policy_steps(traj)
+        injection = self._injection(task, traj, steps, budget)
+        if injection is not None:
+            return injection
+        correction = self._correction(task, traj, steps)
+        return correction or Assessment("no_action", teacher=self.name)
+
+    def _injection(
+        self, task: Task, traj: Trajectory, steps: list[Any], budget: int
+    ) -> Assessment | None:
+        if traj.arm not in ("acm", "evolve"):
+            return None
+        compacted_at = -1
+        for i, s in enumerate(steps):
+            if any(a["name"] in ("manage_context", "evolve") for a in s.actions):
+                compacted_at = i
+            n = len(s.call.prompt_ids)
+            if n >= self.pressure * budget and compacted_at < i - 1 and i >= 2:
+                seen = seen_text(traj, i)
+                facts = _facts_seen(task, seen)
+                said = " ".join(f.rstrip(".") + "." for f in facts)
+                keep = f", and I must keep what I still need: {said}" if facts else "."
+                why = f"My context is at {n} of {budget} tokens and I have more to read{keep}"
+                if traj.arm == "acm":
+                    action = {"name": "manage_context", "arguments": {}}
+                    rationale = f"{why} I will compact my earlier steps before I continue."
+                else:
+                    action = {"name": "evolve", "arguments": {"code": EVOLVE_KEEP_FACTS}}
+                    rationale = f"{why} I will cut the documents I have read down to their facts."
+                return Assessment("injection", i, action, rationale, self.name)
+        return None
+
+    def _correction(self, task: Task, traj: Trajectory, steps: list[Any]) -> Assessment | None:
+        gold = task.metadata.get("gold_docs", [])
+        done: list[tuple[str, str]] = []
+        for i, s in enumerate(steps):
+            seen = seen_text(traj, i)
+            calls = [(a["name"], json.dumps(a["arguments"], sort_keys=True)) for a in s.actions]
+            answering = any(name == "answer" for name, _ in calls) or not s.actions
+            unread = [d for d in gold if not _opened(d, seen)]
+            why = None
+            if answering and unread:
+                why = (
+                    "I have not read the documents the question depends on yet, so I cannot answer."
+                )
+            elif any(c in done for c in calls):
+                why = "I already made this call and saw its result; repeating it gains nothing."
+            elif s.errors or any(o.startswith("Error") for o in s.observations):
+                why = "My last call did not work as written."
+            if why is not None:
+                name, args = _next_needed(self.env, task, seen, done)
+                rationale = f"{why} {_describe(name, args, seen)}"
+                return Assessment(
+                    "correction", i, {"name": name, "arguments": args}, rationale, self.name
+                )
+            done += calls
+        return None

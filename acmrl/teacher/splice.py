@@ -1,0 +1,157 @@
+"""Splice and resume: cut a trajectory at the teacher's edit and let the student go on from there.
+
+The episode is rebuilt by replaying the student's own turns before the edit (and the summariser or
+querier replies they triggered) through the real environment and context tools, so the State at
+the edit is exactly the one the student had. The teacher's turn (its first-person rationale and
+the tool call) replaces the student's turn at the edit; the call really executes (a compaction
+really compacts), and from the next turn on the real student engine generates. Each resumed
+trajectory keeps token origin: replayed steps are the original policy calls (ids and logprobs
+copied from the source trajectory), the edited step is ``teacher``, later steps ``policy``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from acmrl.config import AgentConfig, SamplingConfig
+from acmrl.context.render import format_tool_call
+from acmrl.engines.base import Completion, Engine, Request
+from acmrl.engines.scripted import ScriptedEngine, replay
+from acmrl.envs.base import Environment, Task
+from acmrl.rollout.agent import Episode
+from acmrl.rollout.records import Trajectory
+from acmrl.rollout.worker import run_episodes
+from acmrl.teacher.assessment import Assessment
+
+
+class SpliceEngine(Engine):
+    """Scripted replies while a session has some left, then the real engine."""
+
+    name = "splice"
+
+    def __init__(self, real: Engine, tokenizer: Any, scripts: dict[str, list[str]]) -> None:
+        self.real = real
+        self.scripts = {k: list(v) for k, v in scripts.items()}
+        self._scripted = ScriptedEngine(tokenizer, replay(self.scripts), truncate=False)
+        self._used: dict[str, int] = {}
+
+    def _scripted_left(self, session_id: str) -> bool:
+        return self._used.get(session_id, 0) < len(self.scripts.get(session_id, []))
+
+    def generate(self, requests: list[Request]) -> list[Completion]:
+        scripted = [r for r in requests if self._scripted_left(r.session_id)]
+        live = [r for r in requests if not self._scripted_left(r.session_id)]
+        for r in scripted:
+            self._used[r.session_id] = self._used.get(r.session_id, 0) + 1
+        done = dict(zip(map(id, scripted), self._scripted.generate(scripted), strict=True))
+        done |= dict(zip(map(id, live), self.real.generate(live) if live else [], strict=True))
+        return [done[id(r)] for r in requests]
+
+    def release(self, session_id: str) -> None:
+        self.real.release(session_id)
+
+
+def teacher_turn(a: Assessment) -> str:
+    assert a.action is not None
+    return f"{a.rationale}\n{format_tool_call(a.action['name'], a.action['arguments'])}"
+
+
+def _scripts(
+    source: Trajectory, edit: Assessment, episode_id: str, tokenizer: Any
+) -> dict[str, list[str]]:
+    """What to replay: the student's turns before the edit, then the teacher's turn; and the
+    helper replies those turns triggered."""
+    policy: list[str] = []
+    helpers: dict[str, list[str]] = {}
+    n = 0
+    for step in source.steps:
+        if step.call is not None and step.call.role == "policy":
+            if n == edit.step:
+                break
+            n += 1
+            policy.append(step.text)
+        for h in step.helper_calls:
+            ids = h.completion_ids[:-1] if h.finish_reason == "stop" else h.completion_ids
+            helpers.setdefault(f"{episode_id}/{h.role}", []).append(tokenizer.decode(ids))
+    return {episode_id: [*policy, teacher_turn(edit)], **helpers}
+
+
+def resume(
+    env: Environment,
+    task: Task,
+    source: Trajectory,
+    edit: Assessment,
+    engine: Engine,
+    tokenizer: Any,
+    *,
+    agent: AgentConfig,
+    sampling: SamplingConfig,
+    n: int = 1,
+    seed: int = 0,
+    helper_engine: Engine | None = None,
+) -> list[Trajectory]:
+    """``n`` student continuations from the teacher's edit of ``source``."""
+    if edit.kind == "no_action" or edit.action is None:
+        raise ValueError("only an injection or a correction can be spliced in")
+    episodes, scripts = [], {}
+    for r in range(n):
+        eid = f"{source.episode_id}#edit{r}"
+        scripts |= _scripts(source, edit, eid, tokenizer)
+        episodes.append(
+            Episode(
+                eid,
+                env,
+                task,
+                source.arm,
+                tokenizer,
+                agent=agent,
+                sampling=sampling,
+                sample=r,
+                seed=seed + r,
+                model=source.model,
+            )
+        )
+    policy = SpliceEngine(
+        engine,
+        tokenizer,
+        {k: v for k, v in scripts.items() if "/" not in k[len(source.episode_id) :]},
+    )
+    helpers = SpliceEngine(
+        helper_engine or engine,
+        tokenizer,
+        {k: v for k, v in scripts.items() if "/" in k[len(source.episode_id) :]},
+    )
+    run_episodes(episodes, policy, helper_engine=helpers, concurrency=n)
+    out = []
+    for ep in episodes:
+        traj = ep.traj
+        _mark(traj, source, edit)
+        out.append(traj)
+    return out
+
+
+def _mark(traj: Trajectory, source: Trajectory, edit: Assessment) -> None:
+    """Restore the student's own ids and logprobs on replayed steps; mark the teacher's step."""
+    src = [s for s in source.steps if s.call is not None and s.call.role == "policy"]
+    n = 0
+    for step in traj.steps:
+        if step.call is None or step.call.role != "policy":
+            continue
+        if n < edit.step:
+            original = src[n].call
+            if original.prompt_ids != step.call.prompt_ids:
+                raise RuntimeError(f"replay of {source.episode_id} diverged at step {n}")
+            step.call = original
+        elif n == edit.step:
+            step.origin = "teacher"
+            step.call.role = "teacher"
+            step.call.logprobs = []  # not the student's: no behaviour logprobs
+        n += 1
+    traj.edit = {
+        "source": source.episode_id,
+        "step": edit.step,
+        "kind": edit.kind,
+        "action": edit.action,
+        "rationale": edit.rationale,
+        "teacher": edit.teacher,
+    }

@@ -1,0 +1,228 @@
+"""Teacher: validators, the oracle teacher's edits, splice-and-resume with token origin."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from acmrl.config import AgentConfig, SamplingConfig
+from acmrl.context.render import format_tool_call
+from acmrl.engines.hf import HFEngine
+from acmrl.engines.scripted import ScriptedEngine, replay
+from acmrl.envs import load
+from acmrl.rollout.agent import Episode
+from acmrl.rollout.worker import run_episodes
+from acmrl.teacher.assessment import Assessment, seen_text, validate
+from acmrl.teacher.oracle import OracleTeacher
+from acmrl.teacher.splice import resume
+
+
+@pytest.fixture(scope="module")
+def env():
+    return load("kb_search", preset="tiny", seed=0)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_flush_denormal(True)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    return HFEngine(model, AutoTokenizer.from_pretrained(tiny_model_dir))
+
+
+def run(env, task, arm, texts, engine, **agent):
+    ep = Episode(
+        f"{task.id}#{arm}#0",
+        env,
+        task,
+        arm,
+        engine.tokenizer,
+        agent=AgentConfig(**agent),
+        sampling=SamplingConfig(max_new_tokens=64),
+    )
+    run_episodes(
+        [ep], ScriptedEngine(engine.tokenizer, replay({ep.id: texts})), helper_engine=engine
+    )
+    return ep
+
+
+def calls(plan):
+    return [format_tool_call(n, a) for n, a in plan]
+
+
+def check(env, ep, a):
+    seen = seen_text(ep.traj, a.step)
+    names = {d.title for d in env.documents} | {d.id for d in env.documents}
+    return validate(a, seen=seen, reference=ep.task.answer, tools=ep.tools, known_names=names)
+
+
+def test_validators_catch_leaks_unseen_citations_and_meta_talk(env, tiny):
+    task = env.tasks("eval")[0]
+    ep = run(
+        env,
+        task,
+        "acm",
+        [*calls(env.oracle_plan(task)[:2]), "I think it is the Amber Fair."],
+        tiny,
+        max_context_tokens=4096,
+    )
+    step = 2  # after reading the first document only
+    search = {"name": "search", "arguments": {"query": "x"}}
+    good = Assessment(
+        "correction",
+        step,
+        search,
+        "I have not found the town yet, so I should search for the next link in my chain.",
+    )
+    assert check(env, ep, good) == []
+    leak = Assessment(
+        "correction",
+        step,
+        search,
+        f"I am quite sure the event is the {task.answer}, so I will check it now.",
+    )
+    assert any("leaks the reference answer" in e for e in check(env, ep, leak))
+    seen = seen_text(ep.traj, step)
+    town = next(
+        d.title
+        for d in env.documents
+        if d.title.endswith(("ford", "by", "Cross")) and d.title not in seen
+    )
+    unseen = Assessment(
+        "correction",
+        step,
+        search,
+        f"I should look at {town} and at 'kb-99999' before answering the question.",
+    )
+    errors = check(env, ep, unseen)
+    assert any("has not seen" in e and town in e for e in errors)
+    seen_name = task.metadata["entities"][1]  # named in the first document, which was read
+    fine = Assessment(
+        "correction",
+        step,
+        search,
+        f"I read that {seen_name} is the next link, so I will search for it now.",
+    )
+    assert check(env, ep, fine) == []
+    meta = Assessment(
+        "correction",
+        step,
+        search,
+        "The teacher says my search was wrong, so I will search again for it now.",
+    )
+    assert any("mentions 'teacher'" in e for e in check(env, ep, meta))
+    assert any(
+        "first person" in e
+        for e in check(
+            env,
+            ep,
+            Assessment(
+                "correction",
+                step,
+                search,
+                "The agent should search for the next link in the chain now.",
+            ),
+        )
+    )
+    assert any(
+        "words" in e for e in check(env, ep, Assessment("correction", step, search, "I search."))
+    )
+    bad_tool = Assessment(
+        "injection",
+        step,
+        search,
+        "My context is getting full so I will search for the next link now.",
+    )
+    assert any("injection is a context action" in e for e in check(env, ep, bad_tool))
+    no_tool = Assessment(
+        "correction",
+        step,
+        {"name": "evolve", "arguments": {"code": "return state;"}},
+        "I will rewrite my memory so that it holds only what I need.",
+    )
+    assert any("has no tool 'evolve'" in e for e in check(env, ep, no_tool))
+    bad_args = Assessment(
+        "correction",
+        step,
+        {"name": "search", "arguments": {"q": 1}},
+        "I still need the town, so I will search for the next link now.",
+    )
+    assert any("missing argument" in e for e in check(env, ep, bad_args))
+
+
+def test_oracle_corrects_an_early_answer_and_repeats(env, tiny):
+    task = env.tasks("eval")[0]
+    teacher = OracleTeacher(env)
+    early = run(env, task, "react", ["It is the Amber Fair."], tiny, max_context_tokens=4096)
+    a = teacher.assess(task, early.traj, 4096)
+    assert (a.kind, a.step, a.action) == (
+        "correction",
+        0,
+        {"name": "search", "arguments": {"query": task.metadata["entities"][0]}},
+    )
+    assert check(env, early, a) == []
+    plan = env.oracle_plan(task)
+    repeat = run(
+        env, task, "react", calls([plan[0], plan[0], *plan[1:]]), tiny, max_context_tokens=4096
+    )
+    a = teacher.assess(task, repeat.traj, 4096)
+    assert (a.kind, a.step, a.action["name"]) == ("correction", 1, "open")  # the id was listed
+    assert "already made this call" in a.rationale and check(env, repeat, a) == []
+    expert = run(env, task, "react", calls(plan), tiny, max_context_tokens=4096)
+    assert teacher.assess(task, expert.traj, 4096).kind == "no_action"
+
+
+def test_oracle_injects_compaction_under_pressure_and_the_resume_really_compacts(env, tiny):
+    task = env.tasks("eval")[0]
+    plan = env.oracle_plan(task)
+    ep = run(env, task, "acm", calls(plan), tiny, max_context_tokens=1400, summary_max_tokens=16)
+    a = OracleTeacher(env, pressure=0.6).assess(task, ep.traj, 1400)
+    assert a.kind == "injection" and a.action == {"name": "manage_context", "arguments": {}}
+    assert a.step >= 2 and check(env, ep, a) == []
+    # resume: replay up to the edit, the teacher's turn, then the rest of the expert's calls
+    follow = calls(plan[a.step :])
+    script = ScriptedEngine(tiny.tokenizer, replay({f"{ep.traj.episode_id}#edit0": follow}))
+    out = resume(
+        env,
+        task,
+        ep.traj,
+        a,
+        script,
+        tiny.tokenizer,
+        agent=AgentConfig(max_context_tokens=1400, summary_max_tokens=16),
+        sampling=SamplingConfig(max_new_tokens=64),
+        helper_engine=tiny,
+    )
+    (traj,) = out
+    origins = [s.origin for s in traj.steps]
+    assert origins[: a.step] == ["policy"] * a.step and origins[a.step] == "teacher"
+    assert traj.steps[a.step].events[0].kind == "manage_context"  # the compaction happened
+    for i in range(a.step):  # replayed steps carry the student's own recorded call
+        assert traj.steps[i].call == ep.traj.steps[i].call
+    assert traj.edit["kind"] == "injection" and traj.edit["rationale"] == a.rationale
+    assert traj.status == "answered" and traj.score == 1.0
+
+
+def test_evolve_injection_keeps_the_facts(env, tiny):
+    task = env.tasks("eval")[0]
+    plan = env.oracle_plan(task)
+    ep = run(env, task, "evolve", calls(plan), tiny, max_context_tokens=2300)
+    a = OracleTeacher(env, pressure=0.6).assess(task, ep.traj, 2300)
+    assert a.kind == "injection" and a.action["name"] == "evolve" and check(env, ep, a) == []
+    follow = calls(plan[a.step :])
+    script = ScriptedEngine(tiny.tokenizer, replay({f"{ep.traj.episode_id}#edit0": follow}))
+    (traj,) = resume(
+        env,
+        task,
+        ep.traj,
+        a,
+        script,
+        tiny.tokenizer,
+        agent=AgentConfig(max_context_tokens=2300),
+        sampling=SamplingConfig(max_new_tokens=64),
+    )
+    event = traj.steps[a.step].events[0]
+    assert event.kind == "evolve" and event.applied and event.tokens_after < event.tokens_before
+    assert traj.score == 1.0
+    assert task.metadata["key_fact"] in str(traj.final_state)  # the birth year survived the edit
