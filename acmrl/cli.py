@@ -14,7 +14,14 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from acmrl.config import ConfigError, GenerateConfig, RolloutConfig, ServeConfig, load_config
+from acmrl.config import (
+    AnnotateConfig,
+    ConfigError,
+    GenerateConfig,
+    RolloutConfig,
+    ServeConfig,
+    load_config,
+)
 
 app = typer.Typer(
     name="acmrl",
@@ -168,10 +175,28 @@ def serve(config: ConfigOpt = None, overrides: Overrides = None) -> None:
         server.server_close()
 
 
-@app.command(hidden=True)
-def annotate(config: ConfigOpt = None, overrides: Overrides = None) -> None:
-    """Teacher-annotate trajectories into a dataset (not yet available)."""
-    _not_yet("annotate", 6)
+@app.command()
+def annotate(
+    config: ConfigOpt = None,
+    overrides: Overrides = None,
+    shard: Annotated[str | None, typer.Option("--shard", help="this job's part, i/n")] = None,
+) -> None:
+    """Student runs, teacher edits, resumed runs -> a Hugging Face dataset (sharded, resumable)."""
+    cfg = _load(
+        AnnotateConfig, config, [*(overrides or []), *([f"shard={shard}"] if shard else [])]
+    )
+    from acmrl.engines.base import EngineError
+    from acmrl.envs import EnvError
+    from acmrl.models import ModelError
+    from acmrl.teacher.annotate import run_annotate
+
+    try:
+        stats = run_annotate(cfg)
+    except (EnvError, ModelError, EngineError, ValueError) as exc:
+        fail(str(exc))
+    for key, value in stats.items():
+        typer.echo(f"{key}: {value}")
+    typer.echo(f"dataset: {cfg.output}/dataset (card: {cfg.output}/README.md)")
 
 
 @train_app.command(hidden=True)

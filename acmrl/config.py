@@ -415,11 +415,68 @@ class ServeConfig:
     port: int = option(8000, "port; 0 picks a free one (printed at start)", min=0, max=65535)
 
 
+@dataclasses.dataclass
+class TeacherConfig:
+    """Who assesses the student's trajectories."""
+
+    kind: Literal["oracle", "llm"] = option(
+        "oracle", "oracle: the environment's ground truth; llm: a model asked for JSON"
+    )
+    pressure: float = option(
+        0.6,
+        "oracle: inject a compaction once the input reaches this share of the budget",
+        min=0.05,
+        max=1.0,
+    )
+    max_attempts: int = option(
+        3, "llm: tries per trajectory before the assessment is failed", min=1
+    )
+    model: str | None = option(
+        None, "llm: the teacher model (a local folder or hub id); null: the student model"
+    )
+    base_urls: list[str] = option(
+        [], "llm: OpenAI-compatible servers of the teacher; empty: run it with transformers here"
+    )
+    served_model: str | None = option(None, "llm: the teacher's name on those servers")
+    max_tokens: int = option(400, "llm: most tokens of one assessment reply", min=16)
+
+
+@dataclasses.dataclass
+class AnnotateConfig:
+    """`acmrl annotate`: student runs with and without context tools, teacher edits, resumes,
+    and a Hugging Face dataset of trajectories and per-turn training samples."""
+
+    model: ModelConfig = section(ModelConfig, "the student model")
+    sampling: SamplingConfig = section(SamplingConfig, "sampling of the student's own runs")
+    agent: AgentConfig = section(AgentConfig, "the agent loop and context management")
+    env: EnvConfig = section(EnvConfig, "the tasks")
+    engine: EngineConfig = section(EngineConfig, "the student's generation backend")
+    teacher: TeacherConfig = section(TeacherConfig, "the teacher")
+    arms: list[str] = option(
+        ["react", "acm"], "student arms per task: without and with context tools"
+    )
+    resumes: int = option(2, "student continuations from each valid edit", min=1)
+    resume_temperature: float = option(0.7, "sampling temperature of the continuations", min=0.0)
+    seed: int = option(0, "base seed", min=0)
+    concurrency: int = option(8, "student episodes in flight at once", min=1)
+    output: str = option("runs/annotate", "folder: records, the dataset, parquet files, the card")
+    shard: str = option("0/1", "this job's part of the tasks, i/n (tasks i, i+n, i+2n, ...)")
+
+    def check(self) -> None:
+        bad = [a for a in self.arms if a not in ARMS]
+        if bad or not self.arms:
+            raise ConfigError(f"arms: got {self.arms}, each must be one of {', '.join(ARMS)}")
+        m = re.fullmatch(r"(\d+)/(\d+)", self.shard)
+        if not m or not 0 <= int(m.group(1)) < int(m.group(2)):
+            raise ConfigError(f"shard: got {self.shard!r}, expected i/n with 0 <= i < n, e.g. 0/4")
+
+
 # `configs/<command>*.yaml` holds configs for that command (checked by the tests)
 COMMAND_CONFIGS: dict[str, type] = {
     "generate": GenerateConfig,
     "rollout": RolloutConfig,
     "serve": ServeConfig,
+    "annotate": AnnotateConfig,
 }
 
 

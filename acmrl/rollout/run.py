@@ -21,8 +21,9 @@ from acmrl.rollout.worker import (
 )
 
 
-def make_engine(cfg: RolloutConfig) -> Engine:
-    """The policy engine the config names; it also carries the tokenizer that renders States."""
+def make_engine(cfg: Any) -> Engine:
+    """The student engine of a rollout or annotate config; it carries the tokenizer that renders
+    States (``engine.tokenizer``)."""
     e = cfg.engine
     if e.kind == "openai":
         import os

@@ -23,11 +23,16 @@ from acmrl.rollout.agent import Episode
 from acmrl.rollout.records import Trajectory
 
 
-class TrajectoryWriter:
-    """Appends trajectories to a JSONL file, one complete line per episode, resumably."""
+class JsonlLog:
+    """Appends JSON objects to a file, one complete line each, resumably.
 
-    def __init__(self, path: str | Path) -> None:
+    ``done`` holds the ``key`` of every line already written; on open, a line torn by a kill is
+    cut off (its work runs again), so a restarted job neither duplicates nor loses anything.
+    """
+
+    def __init__(self, path: str | Path, key: str) -> None:
         self.path = Path(path)
+        self.key = key
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.done: set[str] = set()
         if self.path.exists():
@@ -37,27 +42,37 @@ class TrajectoryWriter:
     def _recover(self) -> None:
         data = self.path.read_bytes()
         end = data.rfind(b"\n") + 1
-        if end < len(data):  # a line torn by a kill: drop it, its episode runs again
+        if end < len(data):
             with self.path.open("r+b") as f:
                 f.truncate(end)
         for n, line in enumerate(data[:end].splitlines(), 1):
             if not line.strip():
                 continue
             try:
-                self.done.add(json.loads(line)["episode_id"])
+                self.done.add(json.loads(line)[self.key])
             except (json.JSONDecodeError, KeyError) as exc:
                 raise ValueError(
-                    f"{self.path}:{n}: not a trajectory line ({exc}); move the file away"
+                    f"{self.path}:{n}: not a line of this job ({exc}); move the file away"
                 ) from exc
 
-    def write(self, traj: Trajectory) -> None:
-        self._file.write(json.dumps(traj.to_dict(), ensure_ascii=False) + "\n")
+    def write(self, obj: dict[str, Any]) -> None:
+        self._file.write(json.dumps(obj, ensure_ascii=False) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
-        self.done.add(traj.episode_id)
+        self.done.add(obj[self.key])
 
     def close(self) -> None:
         self._file.close()
+
+
+class TrajectoryWriter(JsonlLog):
+    """One line per episode, keyed by ``episode_id``."""
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__(path, "episode_id")
+
+    def write(self, traj: Trajectory) -> None:  # type: ignore[override]
+        super().write(traj.to_dict())
 
 
 def read_trajectories(path: str | Path) -> list[Trajectory]:

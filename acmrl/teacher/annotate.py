@@ -1,0 +1,164 @@
+"""``acmrl annotate``: the student with and without context tools, the teacher's edits, the student
+resuming from them, and the dataset; sharded and resumable.
+
+Per task (``i/n`` shards take tasks i, i+n, ...): the student runs once per arm (by default
+``react``, without context tools, and ``acm``, with them); the teacher assesses each trajectory;
+each valid injection or correction is spliced in and the student resumes ``resumes`` times. One
+record per task is appended to ``records-i-of-n.jsonl`` as soon as the task is done (fsynced), so
+a killed job resumes where it stopped; at the end the dataset is rebuilt from all records present.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from pathlib import Path
+from typing import Any
+
+from acmrl.config import AnnotateConfig
+from acmrl.engines.base import Engine
+from acmrl.envs import Environment, Task, load
+from acmrl.rollout.agent import Episode
+from acmrl.rollout.run import make_engine
+from acmrl.rollout.worker import JsonlLog, run_episodes
+from acmrl.teacher.assessment import Assessment, seen_text, validate
+from acmrl.teacher.dataset import build_dataset
+from acmrl.teacher.llm import LLMTeacher
+from acmrl.teacher.oracle import OracleTeacher
+from acmrl.teacher.splice import resume
+
+
+def known_names(env: Environment) -> set[str]:
+    docs = getattr(env, "documents", None) or []
+    return {d.title for d in docs} | {d.id for d in docs}
+
+
+def make_teacher(cfg: AnnotateConfig, env: Environment, student: Engine) -> Any:
+    t = cfg.teacher
+    if t.kind == "oracle":
+        return OracleTeacher(env, pressure=t.pressure)
+    if t.base_urls:
+        from acmrl.engines.openai import OpenAIEngine
+        from acmrl.models import load_tokenizer
+
+        name = t.model or cfg.model.name
+        tok = load_tokenizer(name)
+        engine: Engine = OpenAIEngine(t.base_urls, t.served_model or name, tok)
+    elif t.model is None:
+        engine, tok = student, student.tokenizer  # type: ignore[attr-defined]
+    else:
+        from acmrl.engines.hf import HFEngine
+
+        engine = HFEngine.from_config(dataclasses.replace(cfg.model, name=t.model))
+        tok = engine.tokenizer  # type: ignore[attr-defined]
+    return LLMTeacher(
+        engine,
+        tok,
+        max_attempts=t.max_attempts,
+        max_tokens=t.max_tokens,
+        known_names=known_names(env),
+    )
+
+
+def _assess(teacher: Any, env: Environment, task: Task, ep: Episode) -> Assessment:
+    if isinstance(teacher, LLMTeacher):
+        a = teacher.assess(task, ep.traj, ep.budget, ep.tools)
+    else:
+        a = teacher.assess(task, ep.traj, ep.budget)
+        if a.kind != "no_action":
+            a.errors = validate(
+                a,
+                seen=seen_text(ep.traj, a.step),
+                reference=task.answer,
+                tools=ep.tools,
+                known_names=known_names(env),
+            )
+            a.valid = not a.errors
+    return a
+
+
+def annotate_tasks(
+    cfg: AnnotateConfig, env: Environment, tasks: list[Task], engine: Engine, teacher: Any
+) -> list[dict[str, Any]]:
+    """Student runs, assessments and resumes for ``tasks``: one record per task."""
+    episodes = {
+        task.id: [
+            Episode(
+                f"{task.id}#{arm}#0",
+                env,
+                task,
+                arm,
+                engine.tokenizer,  # type: ignore[attr-defined]
+                agent=cfg.agent,
+                sampling=cfg.sampling,
+                seed=cfg.seed * 1_000_003 + zlib.crc32(f"{task.id}#{arm}".encode()),
+                model=cfg.model.name,
+            )
+            for arm in cfg.arms
+        ]
+        for task in tasks
+    }
+    run_episodes([e for eps in episodes.values() for e in eps], engine, concurrency=cfg.concurrency)
+    resume_sampling = dataclasses.replace(cfg.sampling, temperature=cfg.resume_temperature)
+    records = []
+    for task in tasks:
+        record: dict[str, Any] = {
+            "task_id": task.id,
+            "trajectories": [],
+            "assessments": [],
+            "resumed": [],
+        }
+        for ep in episodes[task.id]:
+            a = _assess(teacher, env, task, ep)
+            record["trajectories"].append(ep.traj.to_dict())
+            record["assessments"].append(a.to_dict() | {"source": ep.traj.episode_id})
+            if a.valid and a.kind != "no_action":
+                resumed = resume(
+                    env,
+                    task,
+                    ep.traj,
+                    a,
+                    engine,
+                    engine.tokenizer,  # type: ignore[attr-defined]
+                    agent=cfg.agent,
+                    sampling=resume_sampling,
+                    n=cfg.resumes,
+                    seed=ep.seed,
+                )
+                record["resumed"] += [t.to_dict() for t in resumed]
+        records.append(record)
+    return records
+
+
+def run_annotate(cfg: AnnotateConfig, engine: Engine | None = None) -> dict[str, Any]:
+    """Run this shard's tasks (skipping those already recorded) and rebuild the dataset."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    i, n = (int(x) for x in cfg.shard.split("/"))
+    env = load(cfg.env.name, **cfg.env.options)
+    tasks = env.tasks(cfg.env.split)[: cfg.env.limit][i::n]
+    out = Path(cfg.output)
+    log = JsonlLog(out / f"records-{i}-of-{n}.jsonl", key="task_id")
+    todo = [t for t in tasks if t.id not in log.done]
+    engine = engine or make_engine(cfg)
+    teacher = make_teacher(cfg, env, engine)
+    chunk = max(1, cfg.concurrency // len(cfg.arms))
+    columns = [
+        TextColumn(f"annotate {cfg.shard}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    ]
+    try:
+        with Progress(*columns) as progress:
+            bar = progress.add_task("tasks", total=len(tasks), completed=len(tasks) - len(todo))
+            for start in range(0, len(todo), chunk):
+                for record in annotate_tasks(
+                    cfg, env, todo[start : start + chunk], engine, teacher
+                ):
+                    log.write(record)
+                    progress.advance(bar)
+    finally:
+        log.close()
+    _, stats = build_dataset(out)
+    return stats

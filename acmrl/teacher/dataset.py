@@ -1,0 +1,161 @@
+"""The teacher-annotated dataset: a Hugging Face ``DatasetDict`` built from annotation records.
+
+Two tables:
+
+- ``trajectories``: one row per trajectory: the student's own runs (with their assessment) and
+  the runs resumed from a teacher's edit (with the edit's provenance), plus the whole trajectory
+  as JSON;
+- ``samples``: the per-turn training samples derived from every trajectory
+  (:mod:`acmrl.teacher.samples`): token ids as the student saw and wrote them after any
+  compaction, loss mask, token origin, old logprobs, weight.
+
+It is rebuilt from every ``records-*.jsonl`` in the output folder, so the shards of a sharded run
+combine into one dataset, saved with ``save_to_disk`` (published by one rename), exported to
+Parquet, and described by a dataset card with the counts.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from acmrl.rollout.records import Trajectory
+from acmrl.teacher.samples import POLICY, TEACHER, trajectory_samples
+
+
+def read_records(out: Path) -> list[dict[str, Any]]:
+    records = []
+    for path in sorted(out.glob("records-*.jsonl")):
+        with path.open(encoding="utf-8") as f:
+            records += [json.loads(line) for line in f if line.strip()]
+    return records
+
+
+def _row(traj: Trajectory, role: str, a: dict[str, Any] | None, n_samples: int) -> dict[str, Any]:
+    edit = traj.edit or {}
+    a = a or {}
+    return {
+        "episode_id": traj.episode_id,
+        "task_id": traj.task_id,
+        "env": traj.env,
+        "arm": traj.arm,
+        "role": role,  # student | resumed
+        "status": traj.status,
+        "score": float(traj.score),
+        "answer": traj.answer or "",
+        "reference": json.dumps(traj.reference),
+        "edit_kind": edit.get("kind") or a.get("kind") or "",
+        "edit_step": int(edit.get("step", a.get("step", -1))),
+        "rationale": edit.get("rationale") or a.get("rationale") or "",
+        "teacher": edit.get("teacher") or a.get("teacher") or "",
+        "assessment_valid": bool(a.get("valid", True)),
+        "assessment_errors": json.dumps(a.get("errors", [])),
+        "resumed_from": edit.get("source", ""),
+        "n_samples": n_samples,
+        "trajectory": json.dumps(traj.to_dict(), ensure_ascii=False),
+    }
+
+
+def build_dataset(out: str | Path) -> tuple[Any, dict[str, Any]]:
+    """Rebuild ``out/dataset`` (and Parquet files and the card) from the records; returns the
+    DatasetDict and the card's counts."""
+    from datasets import Dataset, DatasetDict
+
+    out = Path(out)
+    traj_rows, sample_rows = [], []
+    for rec in read_records(out):
+        by_source = {a["source"]: a for a in rec["assessments"]}
+        for role, key in (("student", "trajectories"), ("resumed", "resumed")):
+            for data in rec[key]:
+                traj = Trajectory.from_dict(data)
+                samples = trajectory_samples(traj)
+                traj_rows.append(_row(traj, role, by_source.get(traj.episode_id), len(samples)))
+                sample_rows += [s.to_dict() | {"role": role} for s in samples]
+    if not traj_rows:
+        raise ValueError(f"{out}: no annotation records to build a dataset from")
+    ds = DatasetDict(
+        {"trajectories": Dataset.from_list(traj_rows), "samples": Dataset.from_list(sample_rows)}
+    )
+    tmp, final = out / ".dataset.tmp", out / "dataset"
+    shutil.rmtree(tmp, ignore_errors=True)
+    ds.save_to_disk(str(tmp))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    (out / "parquet").mkdir(exist_ok=True)
+    for split in ds:
+        ds[split].to_parquet(str(out / "parquet" / f"{split}.parquet"))
+    stats = card_stats(traj_rows, sample_rows)
+    (out / "README.md").write_text(card(stats))
+    return ds, stats
+
+
+def card_stats(trajs: list[dict[str, Any]], samples: list[dict[str, Any]]) -> dict[str, Any]:
+    student = [t for t in trajs if t["role"] == "student"]
+    resumed = [t for t in trajs if t["role"] == "resumed"]
+    edited = [
+        t
+        for t in student
+        if t["edit_kind"] in ("injection", "correction") and t["assessment_valid"]
+    ]
+    origins = Counter(o for s in samples for o in s["origin"])
+    return {
+        "student_trajectories": len(student),
+        "student_success": sum(t["score"] >= 1.0 for t in student),
+        "edits": dict(Counter(t["edit_kind"] or "none" for t in student if t["assessment_valid"])),
+        "failed_assessments": sum(not t["assessment_valid"] for t in student),
+        "edited_trajectories": len(edited),
+        "edited_source_success": sum(t["score"] >= 1.0 for t in edited),
+        "resumed_runs": len(resumed),
+        "resumed_success": sum(t["score"] >= 1.0 for t in resumed),
+        "samples": len(samples),
+        "tokens": sum(len(s["token_ids"]) for s in samples),
+        "policy_tokens": origins[POLICY],
+        "teacher_tokens": origins[TEACHER],
+        "by_arm": {
+            arm: dict(Counter(t["edit_kind"] or "none" for t in student if t["arm"] == arm))
+            for arm in sorted({t["arm"] for t in student})
+        },
+    }
+
+
+def card(stats: dict[str, Any]) -> str:
+    rows = "\n".join(f"| {k} | {v} |" for k, v in stats.items() if not isinstance(v, dict))
+    edits = "\n".join(f"| {k} | {v} |" for k, v in sorted(stats["edits"].items()))
+    arms = "\n".join(f"| {arm} | {json.dumps(c)} |" for arm, c in stats["by_arm"].items())
+    return f"""---
+tags: [acmrl, agentic-context-management, teacher-annotated]
+configs:
+- config_name: trajectories
+  data_files: parquet/trajectories.parquet
+- config_name: samples
+  data_files: parquet/samples.parquet
+---
+# acmrl teacher-annotated dataset
+
+Student trajectories with and without context tools, the teacher's assessment of each (injection,
+correction or no action, with a first-person rationale), and the student's runs resumed from each
+valid edit. `samples` holds per-turn training samples: `token_ids` exactly as the model read and
+wrote them (after any compaction), `loss_mask`, `origin` (0 environment, 1 policy, 2 teacher),
+`old_logprobs`, `weight`.
+
+Load with `datasets.load_from_disk("dataset")` or from the Parquet files.
+
+## Counts
+
+| count | value |
+| --- | --- |
+{rows}
+
+## Edits
+
+| kind | trajectories |
+| --- | --- |
+{edits}
+
+| arm | edits |
+| --- | --- |
+{arms}
+"""

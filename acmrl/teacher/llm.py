@@ -1,0 +1,188 @@
+"""The LLM teacher: any engine (a strong model behind an OpenAI-compatible server on a cluster, or
+the transformers engine locally) writes the assessment as JSON.
+
+The prompt shows the task, the reference answer, the budget, the agent's tools and its numbered
+steps (what it wrote, the calls, the results, the context size at each step). The reply is parsed
+robustly (code fences and prose around the object are ignored) and checked by the validators; a
+reply that is not JSON or fails a validator is retried with the reasons, up to ``max_attempts``,
+and then recorded as a failed assessment, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from acmrl.engines.base import Engine, Request
+from acmrl.envs.base import Task
+from acmrl.rollout.records import Trajectory
+from acmrl.teacher.assessment import KINDS, Assessment, seen_text, validate
+
+TEACHER_PROMPT = """You review an AI agent's attempt at a task, to teach it when and how to manage its context.
+
+Task: {task}
+Reference answer: {reference}
+The agent's context budget: {budget} tokens (system prompt and tools included).
+The agent's tools: {tools}
+
+The agent's steps:
+{steps}
+
+Choose ONE edit:
+- "injection": the earliest step at which a context action (manage_context; query_memory with a
+  query; evolve with JavaScript code) would have helped; the agent's turn there is replaced by it.
+- "correction": the first unproductive step (a repeated or irrelevant call, an answer before the
+  evidence was read) and the productive call to make there instead.
+- "no_action": nothing to change.
+
+The rationale is the agent's own thinking at that step, in the first person, 8 to 120 words,
+using only what the agent had seen before that step. Never reveal the reference answer unless the
+agent had already seen it; never mention a teacher, coach, reviewer or feedback.
+
+Reply with JSON only:
+{{"kind": "injection" | "correction" | "no_action", "step": <step number>, "action": {{"name": "<tool>", "arguments": {{...}}}}, "rationale": "<first person>"}}"""
+
+RETRY = "Your reply was rejected: {errors}. Reply again with JSON only."
+
+
+def parse_json_object(text: str) -> dict[str, Any]:
+    """The first JSON object in ``text`` (inside a code fence or not); ValueError if none."""
+    fenced = re.search(r"```(?:json)?\s*(\{.*?\})\s*```", text, re.S)
+    candidates = [fenced.group(1)] if fenced else []
+    start = text.find("{")
+    while start != -1:
+        depth, in_str, esc = 0, False, False
+        for i in range(start, len(text)):
+            ch = text[i]
+            if in_str:
+                esc = ch == "\\" and not esc
+                if ch == '"' and not esc:
+                    in_str = False
+                continue
+            if ch == '"':
+                in_str = True
+            elif ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+                if depth == 0:
+                    candidates.append(text[start : i + 1])
+                    break
+        start = text.find("{", start + 1)
+    for c in candidates:
+        try:
+            obj = json.loads(c)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            return obj
+    raise ValueError("the reply holds no JSON object")
+
+
+def _steps_text(traj: Trajectory, max_chars: int) -> str:
+    lines = []
+    n = 0
+    for s in traj.steps:
+        if s.call is None or s.call.role != "policy":
+            for e in s.events:
+                lines.append(
+                    f"  (harness: {e.kind}, context {e.tokens_before} -> {e.tokens_after} tokens)"
+                )
+            continue
+        lines.append(
+            f"Step {n} [context {len(s.call.prompt_ids)} tokens]: {s.text.strip()[:max_chars]}"
+        )
+        for obs in s.observations:
+            lines.append(f"  result: {obs[:max_chars]}")
+        for err in s.errors:
+            lines.append(f"  error: {err[:max_chars]}")
+        n += 1
+    lines.append(f"Outcome: {traj.status}, answer {traj.answer!r}, score {traj.score}")
+    return "\n".join(lines)
+
+
+class LLMTeacher:
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        *,
+        name: str = "llm",
+        max_attempts: int = 3,
+        max_tokens: int = 400,
+        max_chars: int = 600,
+        known_names: set[str] | None = None,
+    ) -> None:
+        self.engine, self.tokenizer, self.name = engine, tokenizer, name
+        self.max_attempts, self.max_tokens, self.max_chars = max_attempts, max_tokens, max_chars
+        self.known_names = known_names or set()
+
+    def _ids(self, messages: list[dict[str, str]]) -> list[int]:
+        return list(
+            self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
+
+    def assess(
+        self, task: Task, traj: Trajectory, budget: int, tools: list[dict[str, Any]]
+    ) -> Assessment:
+        tool_list = ", ".join(t["function"]["name"] for t in tools)
+        ref = task.answer if isinstance(task.answer, str) else " | ".join(task.answer)
+        prompt = TEACHER_PROMPT.format(
+            task=task.prompt,
+            reference=ref,
+            budget=budget,
+            tools=tool_list,
+            steps=_steps_text(traj, self.max_chars),
+        )
+        messages = [{"role": "user", "content": prompt}]
+        errors: list[str] = []
+        for attempt in range(1, self.max_attempts + 1):
+            req = Request(
+                f"teacher/{traj.episode_id}/{attempt}", self._ids(messages), self.max_tokens
+            )
+            reply = self.engine.generate([req])[0].text
+            self.engine.release(req.session_id)
+            a, errors = self._check(reply, task, traj, tools)
+            if not errors:
+                a.attempts = attempt
+                return a
+            messages += [
+                {"role": "assistant", "content": reply},
+                {"role": "user", "content": RETRY.format(errors="; ".join(errors))},
+            ]
+        return Assessment(
+            "no_action", teacher=self.name, valid=False, errors=errors, attempts=self.max_attempts
+        )
+
+    def _check(
+        self, reply: str, task: Task, traj: Trajectory, tools: list[dict[str, Any]]
+    ) -> tuple[Assessment, list[str]]:
+        try:
+            obj = parse_json_object(reply)
+        except ValueError as exc:
+            return Assessment("no_action", teacher=self.name), [str(exc)]
+        kind = obj.get("kind")
+        if kind not in KINDS:
+            return Assessment("no_action", teacher=self.name), [
+                f"kind must be one of {', '.join(KINDS)}"
+            ]
+        n_steps = sum(1 for s in traj.steps if s.call is not None and s.call.role == "policy")
+        step = obj.get("step", -1)
+        if kind != "no_action" and not (isinstance(step, int) and 0 <= step < n_steps):
+            return Assessment("no_action", teacher=self.name), [
+                f"step must be an integer from 0 to {n_steps - 1}"
+            ]
+        a = Assessment(
+            kind,
+            step if kind != "no_action" else -1,
+            obj.get("action"),
+            str(obj.get("rationale", "")),
+            self.name,
+        )
+        seen = seen_text(traj, a.step) if kind != "no_action" else ""
+        return a, validate(
+            a, seen=seen, reference=task.answer, tools=tools, known_names=self.known_names
+        )

@@ -1,0 +1,190 @@
+"""acmrl annotate: the LLM teacher's JSON handling, the dataset, shards, resume after a kill."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from acmrl.config import AnnotateConfig
+from acmrl.context.render import format_tool_call
+from acmrl.engines.hf import HFEngine
+from acmrl.engines.scripted import ScriptedEngine
+from acmrl.envs import load
+from acmrl.teacher.annotate import run_annotate
+from acmrl.teacher.llm import LLMTeacher, parse_json_object
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_flush_denormal(True)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    return HFEngine(model, AutoTokenizer.from_pretrained(tiny_model_dir))
+
+
+def student(tok):
+    """A student that opens with a search, then answers too early: canonical text, so its tokens
+    re-tokenise exactly; the resumed runs reuse it."""
+
+    def reply(session_id: str, prompt: str) -> str:
+        if prompt.count("<tool_response>") == 0 and "#edit" not in session_id:
+            return "I think it is the Amber Kite Fair."
+        return format_tool_call("answer", {"text": "Amber Kite Fair"})
+
+    return ScriptedEngine(tok, reply)
+
+
+def config(tmp_path, **kw) -> AnnotateConfig:
+    cfg = AnnotateConfig(output=str(tmp_path / "ann"), resumes=2, **kw)
+    cfg.env.options = {"preset": "tiny", "seed": 0}
+    cfg.env.split = "train"
+    cfg.env.limit = 4
+    cfg.agent.max_turns = 4
+    cfg.sampling.max_new_tokens = 32
+    return cfg
+
+
+def test_parse_json_object_is_robust():
+    assert parse_json_object('Sure!\n```json\n{"kind": "no_action"}\n```') == {"kind": "no_action"}
+    assert parse_json_object('Here: {"a": "x}y", "b": {"c": 1}} and more {"d": 2}') == {
+        "a": "x}y",
+        "b": {"c": 1},
+    }
+    with pytest.raises(ValueError, match="no JSON object"):
+        parse_json_object("{not json} nor this")
+
+
+def _teacher_run(tiny, replies: list[str], attempts: int = 3):
+    from acmrl.config import AgentConfig, SamplingConfig
+    from acmrl.rollout.agent import Episode
+    from acmrl.rollout.worker import run_episodes
+
+    env = load("kb_search", preset="tiny", seed=0)
+    task = env.tasks("eval")[0]
+    ep = Episode(
+        "e",
+        env,
+        task,
+        "acm",
+        tiny.tokenizer,
+        agent=AgentConfig(),
+        sampling=SamplingConfig(max_new_tokens=16),
+    )
+    run_episodes([ep], student(tiny.tokenizer))
+    queue = list(replies)
+    teacher = LLMTeacher(
+        ScriptedEngine(tiny.tokenizer, lambda s, p: queue.pop(0) if queue else "no"),
+        tiny.tokenizer,
+        max_attempts=attempts,
+    )
+    return teacher.assess(task, ep.traj, ep.budget, ep.tools), task
+
+
+def test_llm_teacher_retries_then_accepts(tiny):
+    good = {
+        "kind": "correction",
+        "step": 0,
+        "action": {"name": "search", "arguments": {"query": "who"}},
+        "rationale": "I have not looked anything up yet, so I should search before I answer.",
+    }
+    a, _ = _teacher_run(tiny, ["I think the agent was wrong.", f"```json\n{json.dumps(good)}\n```"])
+    assert a.valid and a.attempts == 2 and a.kind == "correction" and a.action == good["action"]
+
+
+def test_llm_teacher_records_a_failure_after_its_attempts(tiny):
+    _, task = _teacher_run(tiny, [])
+    leak = {
+        "kind": "correction",
+        "step": 0,
+        "action": {"name": "search", "arguments": {"query": "x"}},
+        "rationale": f"The feedback says the answer is {task.answer}, so I should look it up now.",
+    }
+    a, _ = _teacher_run(tiny, [json.dumps(leak)] * 3)
+    assert not a.valid and a.attempts == 3
+    assert any("leaks the reference answer" in e for e in a.errors)
+    assert any("mentions 'feedback'" in e for e in a.errors)
+
+
+def test_llm_teacher_with_a_real_model_fails_cleanly(tiny):
+    """The tiny random model cannot write JSON: the assessment is recorded as failed."""
+    from acmrl.config import AgentConfig, SamplingConfig
+    from acmrl.rollout.agent import Episode
+    from acmrl.rollout.worker import run_episodes
+
+    env = load("kb_search", preset="tiny", seed=0)
+    task = env.tasks("eval")[0]
+    ep = Episode(
+        "e",
+        env,
+        task,
+        "react",
+        tiny.tokenizer,
+        agent=AgentConfig(),
+        sampling=SamplingConfig(max_new_tokens=16),
+    )
+    run_episodes([ep], student(tiny.tokenizer))
+    a = LLMTeacher(tiny, tiny.tokenizer, max_attempts=2, max_tokens=24).assess(
+        task, ep.traj, ep.budget, ep.tools
+    )
+    assert not a.valid and a.attempts == 2 and a.errors
+
+
+def test_annotate_builds_a_dataset_that_loads_and_retokenises(tiny, tmp_path):
+    from datasets import load_from_disk
+
+    cfg = config(tmp_path)
+    stats = run_annotate(cfg, engine=student(tiny.tokenizer))
+    assert stats["student_trajectories"] == 8 and stats["edits"] == {"correction": 8}
+    assert stats["resumed_runs"] == 16 and stats["teacher_tokens"] > 0
+    ds = load_from_disk(f"{cfg.output}/dataset")
+    assert ds["trajectories"].num_rows == 24
+    tok = tiny.tokenizer
+    for s in ds["samples"]:
+        ids = s["token_ids"]
+        assert len(ids) == len(s["loss_mask"]) == len(s["origin"]) == len(s["old_logprobs"])
+        assert (
+            tok.encode(tok.decode(ids), add_special_tokens=False) == ids
+        )  # exactly what was stored
+        assert all(m == int(o != 0) for m, o in zip(s["loss_mask"], s["origin"], strict=True))
+        assert s["weight"] == (
+            1.0 if 2 in s["origin"] else 0.0
+        )  # the scripted student always fails
+    resumed = [t for t in ds["trajectories"] if t["role"] == "resumed"]
+    assert all(t["edit_kind"] == "correction" and t["resumed_from"] for t in resumed)
+    card = (tmp_path / "ann" / "README.md").read_text()
+    assert "| resumed_runs | 16 |" in card
+    assert (tmp_path / "ann" / "parquet" / "samples.parquet").exists()
+
+
+def test_shards_combine_and_a_killed_shard_resumes(tiny, tmp_path):
+    eng = student(tiny.tokenizer)
+    run_annotate(config(tmp_path, shard="1/2"), engine=eng)
+
+    class Kill(Exception):
+        pass
+
+    calls = []
+    real = eng.generate
+
+    def dying(requests):
+        calls.append(1)
+        if len(calls) == 3:
+            raise Kill
+        return real(requests)
+
+    eng.generate = dying  # type: ignore[method-assign]
+    cfg = config(tmp_path, shard="0/2", concurrency=2)
+    with pytest.raises(Kill):
+        run_annotate(cfg, engine=eng)
+    eng.generate = real  # type: ignore[method-assign]
+    stats = run_annotate(cfg, engine=eng)
+    ids = [
+        json.loads(line)["task_id"]
+        for p in sorted((tmp_path / "ann").glob("records-*.jsonl"))
+        for line in p.read_text().splitlines()
+    ]
+    assert len(ids) == 4 == len(set(ids))
+    assert stats["student_trajectories"] == 8
