@@ -439,6 +439,12 @@ class TeacherConfig:
     )
     served_model: str | None = option(None, "llm: the teacher's name on those servers")
     max_tokens: int = option(400, "llm: most tokens of one assessment reply", min=16)
+    topk: int = option(
+        0, "top-k logprobs of a teacher model at each target position of the samples; 0: off", min=0
+    )
+    topk_model: str | None = option(
+        None, "model for those logprobs (transformers); null: teacher.model, else the student"
+    )
 
 
 @dataclasses.dataclass

@@ -188,3 +188,29 @@ def test_shards_combine_and_a_killed_shard_resumes(tiny, tmp_path):
     ]
     assert len(ids) == 4 == len(set(ids))
     assert stats["student_trajectories"] == 8
+
+
+def test_teacher_topk_logprobs_on_the_compacted_view(tiny, tiny_model_dir, tmp_path):
+    from datasets import load_from_disk
+
+    cfg = config(tmp_path)
+    cfg.env.limit = 1
+    cfg.teacher.topk = 3
+    cfg.teacher.topk_model = str(tiny_model_dir)
+    run_annotate(cfg, engine=student(tiny.tokenizer))
+    samples = load_from_disk(f"{cfg.output}/dataset")["samples"]
+    model = tiny.model
+    for s in samples:
+        targets = [i for i, m in enumerate(s["loss_mask"]) if m]
+        assert len(s["teacher_topk_ids"]) == len(targets) and all(
+            len(t) == 3 for t in s["teacher_topk_ids"]
+        )
+        # the teacher read exactly the sample's ids: recompute one position by hand
+        t = targets[-1]
+        with torch.no_grad():
+            logp = torch.log_softmax(
+                model(torch.tensor([s["token_ids"][:t]])).logits[0, -1].float(), -1
+            )
+        top = logp.topk(3)
+        assert s["teacher_topk_ids"][-1] == top.indices.tolist()
+        assert s["teacher_topk_logprobs"][-1] == pytest.approx(top.values.tolist(), abs=1e-4)

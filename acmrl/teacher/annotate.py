@@ -19,13 +19,16 @@ from acmrl.config import AnnotateConfig
 from acmrl.engines.base import Engine
 from acmrl.envs import Environment, Task, load
 from acmrl.rollout.agent import Episode
+from acmrl.rollout.records import Trajectory
 from acmrl.rollout.run import make_engine
 from acmrl.rollout.worker import JsonlLog, run_episodes
 from acmrl.teacher.assessment import Assessment, seen_text, validate
 from acmrl.teacher.dataset import build_dataset
 from acmrl.teacher.llm import LLMTeacher
 from acmrl.teacher.oracle import OracleTeacher
+from acmrl.teacher.samples import trajectory_samples
 from acmrl.teacher.splice import resume
+from acmrl.teacher.topk import add_teacher_topk
 
 
 def known_names(env: Environment) -> set[str]:
@@ -78,7 +81,12 @@ def _assess(teacher: Any, env: Environment, task: Task, ep: Episode) -> Assessme
 
 
 def annotate_tasks(
-    cfg: AnnotateConfig, env: Environment, tasks: list[Task], engine: Engine, teacher: Any
+    cfg: AnnotateConfig,
+    env: Environment,
+    tasks: list[Task],
+    engine: Engine,
+    teacher: Any,
+    topk_model: Any = None,
 ) -> list[dict[str, Any]]:
     """Student runs, assessments and resumes for ``tasks``: one record per task."""
     episodes = {
@@ -126,8 +134,31 @@ def annotate_tasks(
                     seed=ep.seed,
                 )
                 record["resumed"] += [t.to_dict() for t in resumed]
+        if topk_model is not None:
+            _attach_topk(record, topk_model, cfg.teacher.topk)
         records.append(record)
     return records
+
+
+def _attach_topk(record: dict[str, Any], model: Any, k: int) -> None:
+    """The teacher model's top-k logprobs on every sample of the record's trajectories."""
+    record["topk"] = {}
+    for data in record["trajectories"] + record["resumed"]:
+        samples = [s.to_dict() for s in trajectory_samples(Trajectory.from_dict(data))]
+        add_teacher_topk(model, samples, k)
+        record["topk"][data["episode_id"]] = [
+            {"ids": s["teacher_topk_ids"], "logprobs": s["teacher_topk_logprobs"]} for s in samples
+        ]
+
+
+def load_topk_model(cfg: AnnotateConfig) -> Any:
+    if cfg.teacher.topk == 0:
+        return None
+    from acmrl.models import load_model
+
+    name = cfg.teacher.topk_model or cfg.teacher.model or cfg.model.name
+    model, _ = load_model(dataclasses.replace(cfg.model, name=name))
+    return model
 
 
 def run_annotate(cfg: AnnotateConfig, engine: Engine | None = None) -> dict[str, Any]:
@@ -142,6 +173,7 @@ def run_annotate(cfg: AnnotateConfig, engine: Engine | None = None) -> dict[str,
     todo = [t for t in tasks if t.id not in log.done]
     engine = engine or make_engine(cfg)
     teacher = make_teacher(cfg, env, engine)
+    topk_model = load_topk_model(cfg)
     chunk = max(1, cfg.concurrency // len(cfg.arms))
     columns = [
         TextColumn(f"annotate {cfg.shard}"),
@@ -153,9 +185,8 @@ def run_annotate(cfg: AnnotateConfig, engine: Engine | None = None) -> dict[str,
         with Progress(*columns) as progress:
             bar = progress.add_task("tasks", total=len(tasks), completed=len(tasks) - len(todo))
             for start in range(0, len(todo), chunk):
-                for record in annotate_tasks(
-                    cfg, env, todo[start : start + chunk], engine, teacher
-                ):
+                part = todo[start : start + chunk]
+                for record in annotate_tasks(cfg, env, part, engine, teacher, topk_model):
                     log.write(record)
                     progress.advance(bar)
     finally:

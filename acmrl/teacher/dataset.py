@@ -73,7 +73,18 @@ def build_dataset(out: str | Path) -> tuple[Any, dict[str, Any]]:
                 traj = Trajectory.from_dict(data)
                 samples = trajectory_samples(traj)
                 traj_rows.append(_row(traj, role, by_source.get(traj.episode_id), len(samples)))
-                sample_rows += [s.to_dict() | {"role": role} for s in samples]
+                topk = rec.get("topk", {}).get(traj.episode_id) or [
+                    {"ids": [], "logprobs": []}
+                ] * len(samples)
+                sample_rows += [
+                    s.to_dict()
+                    | {
+                        "role": role,
+                        "teacher_topk_ids": t["ids"],
+                        "teacher_topk_logprobs": t["logprobs"],
+                    }
+                    for s, t in zip(samples, topk, strict=True)
+                ]
     if not traj_rows:
         raise ValueError(f"{out}: no annotation records to build a dataset from")
     ds = DatasetDict(
