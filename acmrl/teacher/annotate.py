@@ -27,7 +27,7 @@ from acmrl.teacher.dataset import build_dataset
 from acmrl.teacher.llm import LLMTeacher
 from acmrl.teacher.oracle import OracleTeacher
 from acmrl.teacher.samples import trajectory_samples
-from acmrl.teacher.splice import resume
+from acmrl.teacher.splice import run_spliced, splice_episodes
 from acmrl.teacher.topk import add_teacher_topk
 
 
@@ -108,7 +108,7 @@ def annotate_tasks(
     }
     run_episodes([e for eps in episodes.values() for e in eps], engine, concurrency=cfg.concurrency)
     resume_sampling = dataclasses.replace(cfg.sampling, temperature=cfg.resume_temperature)
-    records = []
+    records, jobs, owner = [], [], []
     for task in tasks:
         record: dict[str, Any] = {
             "task_id": task.id,
@@ -121,22 +121,27 @@ def annotate_tasks(
             record["trajectories"].append(ep.traj.to_dict())
             record["assessments"].append(a.to_dict() | {"source": ep.traj.episode_id})
             if a.valid and a.kind != "no_action":
-                resumed = resume(
+                eps, scripts = splice_episodes(
                     env,
                     task,
                     ep.traj,
                     a,
-                    engine,
                     engine.tokenizer,  # type: ignore[attr-defined]
                     agent=cfg.agent,
                     sampling=resume_sampling,
                     n=cfg.resumes,
                     seed=ep.seed,
                 )
-                record["resumed"] += [t.to_dict() for t in resumed]
+                jobs.append((ep.traj, a, eps, scripts))
+                owner.append(record)
+        records.append(record)
+    # every resume of the chunk in one batched run
+    resumed = run_spliced(jobs, engine, engine.tokenizer, concurrency=cfg.concurrency)  # type: ignore[attr-defined]
+    for record, trajs in zip(owner, resumed, strict=True):
+        record["resumed"] += [t.to_dict() for t in trajs]
+    for record in records:
         if topk_model is not None:
             _attach_topk(record, topk_model, cfg.teacher.topk)
-        records.append(record)
     return records
 
 

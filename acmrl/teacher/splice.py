@@ -76,21 +76,20 @@ def _scripts(
     return {episode_id: [*policy, teacher_turn(edit)], **helpers}
 
 
-def resume(
+def splice_episodes(
     env: Environment,
     task: Task,
     source: Trajectory,
     edit: Assessment,
-    engine: Engine,
     tokenizer: Any,
     *,
     agent: AgentConfig,
     sampling: SamplingConfig,
     n: int = 1,
     seed: int = 0,
-    helper_engine: Engine | None = None,
-) -> list[Trajectory]:
-    """``n`` student continuations from the teacher's edit of ``source``."""
+) -> tuple[list[Episode], dict[str, list[str]]]:
+    """``n`` episodes that will replay ``source`` up to the edit and resume after it, and the
+    scripts that drive the replay (keyed by engine session)."""
     if edit.kind == "no_action" or edit.action is None:
         raise ValueError("only an injection or a correction can be spliced in")
     episodes, scripts = [], {}
@@ -111,22 +110,64 @@ def resume(
                 model=source.model,
             )
         )
+    return episodes, scripts
+
+
+def run_spliced(
+    jobs: list[tuple[Trajectory, Assessment, list[Episode], dict[str, list[str]]]],
+    engine: Engine,
+    tokenizer: Any,
+    *,
+    helper_engine: Engine | None = None,
+    concurrency: int = 8,
+) -> list[list[Trajectory]]:
+    """Run the spliced episodes of many edits together (their model calls batched); the resumed
+    trajectories per job, marked with their origin and the edit's provenance."""
+    scripts = {k: v for *_, sc in jobs for k, v in sc.items()}
+    helper_keys = {k for k in scripts if k.rsplit("#edit", 1)[-1].count("/")}
     policy = SpliceEngine(
+        engine, tokenizer, {k: v for k, v in scripts.items() if k not in helper_keys}
+    )
+    helpers = SpliceEngine(helper_engine or engine, tokenizer, {k: scripts[k] for k in helper_keys})
+    run_episodes(
+        [e for _, _, eps, _ in jobs for e in eps],
+        policy,
+        helper_engine=helpers,
+        concurrency=concurrency,
+    )
+    out = []
+    for source, edit, eps, _ in jobs:
+        for ep in eps:
+            _mark(ep.traj, source, edit)
+        out.append([ep.traj for ep in eps])
+    return out
+
+
+def resume(
+    env: Environment,
+    task: Task,
+    source: Trajectory,
+    edit: Assessment,
+    engine: Engine,
+    tokenizer: Any,
+    *,
+    agent: AgentConfig,
+    sampling: SamplingConfig,
+    n: int = 1,
+    seed: int = 0,
+    helper_engine: Engine | None = None,
+) -> list[Trajectory]:
+    """``n`` student continuations from the teacher's edit of ``source``."""
+    eps, scripts = splice_episodes(
+        env, task, source, edit, tokenizer, agent=agent, sampling=sampling, n=n, seed=seed
+    )
+    (out,) = run_spliced(
+        [(source, edit, eps, scripts)],
         engine,
         tokenizer,
-        {k: v for k, v in scripts.items() if "/" not in k[len(source.episode_id) :]},
+        helper_engine=helper_engine,
+        concurrency=n,
     )
-    helpers = SpliceEngine(
-        helper_engine or engine,
-        tokenizer,
-        {k: v for k, v in scripts.items() if "/" in k[len(source.episode_id) :]},
-    )
-    run_episodes(episodes, policy, helper_engine=helpers, concurrency=n)
-    out = []
-    for ep in episodes:
-        traj = ep.traj
-        _mark(traj, source, edit)
-        out.append(traj)
     return out
 
 
