@@ -78,9 +78,9 @@ def _describe(name: str, args: dict[str, Any], seen: str) -> str:
 
 
 def _facts_seen(task: Task, seen: str) -> list[str]:
-    return [f for f in task.metadata.get("facts", []) if f.split(" is ")[-1].rstrip(".") in seen][
-        :2
-    ]
+    """Up to two of the task's hop facts whose object the agent has already read."""
+    facts = [f for f in task.metadata.get("facts", []) if f.split(" is ")[-1].rstrip(".") in seen]
+    return [f[0].upper() + f[1:] for f in facts[:2]]
 
 
 class OracleTeacher:
