@@ -1,4 +1,5 @@
-"""Dependencies point one way (DESIGN.md): context/ imports nothing else of acmrl."""
+"""Dependencies point one way (DESIGN.md): context/ imports nothing else of acmrl; envs and
+engines know nothing of rollout, teacher or train; train never imports the teacher."""
 
 import ast
 from pathlib import Path
@@ -25,3 +26,27 @@ def test_context_imports_nothing_else_of_acmrl():
         for mod in imported_modules(f):
             if mod.split(".")[0] == "acmrl":
                 assert mod.startswith("acmrl.context"), f"{f.name} imports {mod}"
+
+
+def _acmrl_imports(package: str) -> list[tuple[str, str]]:
+    return [
+        (f.name, mod)
+        for f in sorted((ROOT / package).glob("*.py"))
+        for mod in imported_modules(f)
+        if mod.split(".")[0] == "acmrl"
+    ]
+
+
+def test_lower_layers_do_not_import_upper_ones():
+    for package, banned in (
+        ("envs", ("acmrl.rollout", "acmrl.teacher", "acmrl.train", "acmrl.engines")),
+        ("engines", ("acmrl.rollout", "acmrl.teacher", "acmrl.train", "acmrl.envs")),
+        ("rollout", ("acmrl.teacher", "acmrl.train")),
+        ("train", ("acmrl.teacher",)),
+        (
+            "rewards",
+            ("acmrl.rollout", "acmrl.teacher", "acmrl.train", "acmrl.engines", "acmrl.envs"),
+        ),
+    ):
+        for name, mod in _acmrl_imports(package):
+            assert not mod.startswith(banned), f"{package}/{name} imports {mod}"

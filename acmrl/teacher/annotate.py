@@ -26,9 +26,9 @@ from acmrl.teacher.assessment import Assessment, seen_text, validate
 from acmrl.teacher.dataset import build_dataset
 from acmrl.teacher.llm import LLMTeacher
 from acmrl.teacher.oracle import OracleTeacher
-from acmrl.teacher.samples import trajectory_samples
 from acmrl.teacher.splice import run_spliced, splice_episodes
 from acmrl.teacher.topk import add_teacher_topk
+from acmrl.train.samples import trajectory_samples
 
 
 def known_names(env: Environment) -> set[str]:

@@ -6,7 +6,7 @@ Two tables:
   the runs resumed from a teacher's edit (with the edit's provenance), plus the whole trajectory
   as JSON;
 - ``samples``: the per-turn training samples derived from every trajectory
-  (:mod:`acmrl.teacher.samples`): token ids as the student saw and wrote them after any
+  (:mod:`acmrl.train.samples`): token ids as the student saw and wrote them after any
   compaction, loss mask, token origin, old logprobs, weight.
 
 It is rebuilt from every ``records-*.jsonl`` in the output folder, so the shards of a sharded run
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from acmrl.rollout.records import Trajectory
-from acmrl.teacher.samples import POLICY, TEACHER, trajectory_samples
+from acmrl.train.samples import POLICY, TEACHER, trajectory_samples
 
 
 def read_records(out: Path) -> list[dict[str, Any]]:

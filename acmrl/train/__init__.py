@@ -1,1 +1,2 @@
-"""train: not implemented yet (see the open issues)."""
+"""Training: per-turn samples from trajectories (:mod:`acmrl.train.samples`); SFT, GRPO,
+checkpoints and export are being built (issue 7)."""

@@ -1,5 +1,8 @@
 """Per-turn training samples from a trajectory (the flat sample of DESIGN.md "Core data").
 
+Both the teacher's dataset and the trainer build their samples here; it depends on the rollout
+records only.
+
 Model calls of the policy (and the teacher's spliced turn) are walked in order. A call whose
 prompt extends the previous sample's tokens exactly is packed into it (the new environment tokens
 in between are context, not targets); a prefix break (any compaction or edit of the history)
