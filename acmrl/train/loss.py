@@ -1,0 +1,111 @@
+"""Losses of SFT and GRPO on per-turn samples, and group-relative advantages.
+
+Shapes: ``B`` samples, ``T`` positions. ``logprobs[b, t]`` is the model's log-probability of token
+``t`` of sample ``b`` given the tokens before it (position 0 has none and is masked out);
+``mask[b, t]`` is 1 where token ``t`` is a training target. All losses aggregate at the token
+level: a sum over every target token of the batch divided by the number of target tokens, so a
+long turn weighs by its tokens, not as one sample (the DAPO / Dr. GRPO choice).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` log-probabilities of each token given its prefix (0 at position 0).
+
+    ``logits[b, t]`` predicts token ``t + 1``, so the result is shifted by one.
+    """
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    picked = logp.gather(-1, input_ids[:, 1:, None])[..., 0]
+    return F.pad(picked, (1, 0))
+
+
+def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Weighted negative log-likelihood of the target tokens: sum(w_b * mask * -logp) / sum(mask).
+
+    ``weights`` is ``[B]`` (the assessment's soft supervision per sample).
+    """
+    m = mask.float()
+    return -(logprobs * m * weights[:, None]).sum() / m.sum().clamp(min=1.0)
+
+
+def topk_kl(
+    logits: torch.Tensor, topk_ids: torch.Tensor, topk_logprobs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Forward KL(teacher || student) on the teacher's top-k support, per target token, averaged.
+
+    ``topk_ids`` / ``topk_logprobs`` are ``[B, T, k]``: at position ``t`` the teacher's k most
+    likely tokens *for* token ``t`` (so they pair with ``logits[:, t - 1]``). The teacher's
+    probabilities are renormalised over its top k; the student's are its full-vocabulary
+    log-probabilities of those same tokens.
+    """
+    student = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    s = student.gather(-1, topk_ids[:, 1:])  # [B, T-1, k]
+    t = torch.log_softmax(topk_logprobs[:, 1:].float(), dim=-1)  # renormalised over the top k
+    kl = (t.exp() * (t - s)).sum(-1)
+    m = mask[:, 1:].float()
+    return (kl * m).sum() / m.sum().clamp(min=1.0)
+
+
+def group_advantages(
+    rewards: torch.Tensor, groups: torch.Tensor, scale: bool = False
+) -> torch.Tensor:
+    """Reward minus its group's mean (optionally divided by the group's std); one value per rollout.
+
+    >>> group_advantages(torch.tensor([1.0, 0.0, 0.5, 0.5]), torch.tensor([0, 0, 1, 1])).tolist()
+    [0.5, -0.5, 0.0, 0.0]
+    """
+    adv = torch.empty_like(rewards)
+    for g in groups.unique():
+        sel = groups == g
+        r = rewards[sel]
+        a = r - r.mean()
+        if scale:
+            a = a / (r.std(unbiased=False) + 1e-6)
+        adv[sel] = a
+    return adv
+
+
+@dataclass
+class GRPOLossOut:
+    loss: torch.Tensor  # scalar
+    clip_fraction: torch.Tensor  # share of target tokens whose ratio was clipped
+    ratio_mean: torch.Tensor
+    kl: torch.Tensor  # scalar, 0 without a reference
+
+
+def grpo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_eps: float = 0.2,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> GRPOLossOut:
+    """Clipped importance-ratio policy loss with token-level aggregation, plus an optional KL to
+    the reference (the k3 estimator, exp(ref - new) - (ref - new) - 1).
+
+    ``advantages`` is ``[B]``: every token of a sample shares its rollout's advantage.
+    """
+    m = mask.float()
+    n = m.sum().clamp(min=1.0)
+    ratio = torch.exp(logprobs - old_logprobs)
+    adv = advantages[:, None]
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv
+    policy = -torch.minimum(unclipped, clipped)
+    loss = (policy * m).sum() / n
+    kl = torch.zeros((), dtype=loss.dtype)
+    if ref_logprobs is not None and kl_coef > 0:
+        d = ref_logprobs - logprobs
+        kl = ((torch.exp(d) - d - 1) * m).sum() / n
+        loss = loss + kl_coef * kl
+    clip_fraction = (((ratio - 1).abs() > clip_eps).float() * m).sum() / n
+    return GRPOLossOut(loss, clip_fraction, (ratio * m).sum() / n, kl)

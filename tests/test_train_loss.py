@@ -1,0 +1,76 @@
+"""Losses with hand-computed numbers; the arithmetic is in the comments."""
+
+from __future__ import annotations
+
+import doctest
+import math
+
+import pytest
+import torch
+
+import acmrl.train.loss as L
+
+
+def test_doctests():
+    assert doctest.testmod(L).failed == 0
+
+
+def test_token_logprobs_shift_by_one():
+    # vocab 2; logits favour token 1 at position 0 and token 0 at position 1
+    logits = torch.tensor([[[0.0, math.log(3.0)], [math.log(3.0), 0.0], [0.0, 0.0]]])
+    ids = torch.tensor([[0, 1, 0]])
+    lp = L.token_logprobs(logits, ids)
+    # position 1 (token 1) from logits[0]: p = 3/4; position 2 (token 0) from logits[1]: p = 3/4
+    assert lp[0].tolist() == pytest.approx([0.0, math.log(0.75), math.log(0.75)])
+
+
+def test_sft_loss_weighted_token_mean():
+    logprobs = torch.tensor([[0.0, -1.0, -2.0], [0.0, -3.0, -4.0]])
+    mask = torch.tensor([[0, 1, 1], [0, 1, 0]])
+    weights = torch.tensor([1.0, 0.5])
+    # (1*1 + 1*2 + 0.5*3) / 3 target tokens = 4.5 / 3 = 1.5
+    assert L.sft_loss(logprobs, mask, weights).item() == pytest.approx(1.5)
+
+
+def test_topk_kl_is_zero_when_student_matches_teacher_and_positive_otherwise():
+    # vocab 3, one sample of 2 tokens; the target is token 1 (position 1), predicted by logits[0]
+    student = torch.tensor([[[math.log(0.5), math.log(0.25), math.log(0.25)], [0.0, 0.0, 0.0]]])
+    ids = torch.tensor([[[0, 0], [0, 1]]])  # at position 1 the teacher's top-2: tokens 0 and 1
+    mask = torch.tensor([[0, 1]])
+    same = torch.tensor([[[0.0, 0.0], [math.log(0.5), math.log(0.25)]]])
+    # teacher renormalised: 2/3, 1/3; student on those tokens: log 0.5, log 0.25
+    # KL = 2/3 (log 2/3 - log 1/2) + 1/3 (log 1/3 - log 1/4) = 2/3 log(4/3) + 1/3 log(4/3) = log(4/3)
+    assert L.topk_kl(student, ids, same, mask).item() == pytest.approx(math.log(4 / 3))
+    exact = torch.tensor([[[0.0, 0.0], [math.log(2 / 3), math.log(1 / 3)]]])
+    student2 = torch.tensor([[[math.log(2 / 3), math.log(1 / 3), -30.0], [0.0, 0.0, 0.0]]])
+    assert L.topk_kl(student2, ids, exact, mask).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_group_advantages_scaled():
+    adv = L.group_advantages(
+        torch.tensor([1.0, 0.0, 3.0, 1.0]), torch.tensor([0, 0, 1, 1]), scale=True
+    )
+    # group 0: mean 0.5, std 0.5 -> +1, -1; group 1: mean 2, std 1 -> +1, -1
+    assert adv.tolist() == pytest.approx([1.0, -1.0, 1.0, -1.0], abs=1e-5)
+
+
+def test_grpo_loss_clips_and_aggregates_by_token():
+    old = torch.zeros(2, 3)
+    # sample 0: ratios e^0.5 = 1.6487 (clipped to 1.2 for A > 0) and 1; sample 1: ratio e^-0.5 = 0.6065
+    new = torch.tensor([[0.0, 0.5, 0.0], [0.0, -0.5, 0.0]])
+    adv = torch.tensor([1.0, -1.0])
+    mask = torch.tensor([[0, 1, 1], [0, 1, 0]])
+    out = L.grpo_loss(new, old, adv, mask, clip_eps=0.2)
+    # token terms: -min(1.6487*1, 1.2*1) = -1.2; -min(1*1, 1*1) = -1;
+    #              A = -1, ratio 0.6065: -min(-0.6065, -0.8) = 0.8
+    # mean over 3 target tokens: (-1.2 - 1 + 0.8) / 3 = -0.4667
+    assert out.loss.item() == pytest.approx(-1.4 / 3, abs=1e-4)
+    assert out.clip_fraction.item() == pytest.approx(
+        2 / 3
+    )  # two of three ratios are outside 1 +- 0.2
+    ref = torch.zeros(2, 3)
+    with_kl = L.grpo_loss(new, old, adv, mask, clip_eps=0.2, ref_logprobs=ref, kl_coef=0.1)
+    # k3 per token: d = ref - new: -0.5 -> e^-0.5 + 0.5 - 1 = 0.1065; 0 -> 0; 0.5 -> e^0.5 - 1.5 = 0.1487
+    kl = (math.exp(-0.5) + 0.5 - 1 + math.exp(0.5) - 0.5 - 1) / 3
+    assert with_kl.kl.item() == pytest.approx(kl, abs=1e-4)
+    assert with_kl.loss.item() == pytest.approx(-1.4 / 3 + 0.1 * kl, abs=1e-4)
