@@ -20,6 +20,7 @@ from acmrl.config import (
     GenerateConfig,
     RolloutConfig,
     ServeConfig,
+    SFTConfig,
     load_config,
 )
 
@@ -31,7 +32,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 train_app = typer.Typer(help="Training stages: sft, grpo.", no_args_is_help=True)
-app.add_typer(train_app, name="train", hidden=True)
+app.add_typer(train_app, name="train")
 
 ConfigOpt = Annotated[
     Path | None, typer.Option("--config", "-c", help="YAML config file; overrides apply on top")
@@ -199,10 +200,26 @@ def annotate(
     typer.echo(f"dataset: {cfg.output}/dataset (card: {cfg.output}/README.md)")
 
 
-@train_app.command(hidden=True)
-def sft(config: ConfigOpt = None, overrides: Overrides = None) -> None:
-    """Supervised fine-tuning on an annotated dataset (not yet available)."""
-    _not_yet("train sft", 7)
+@train_app.command()
+def sft(
+    config: ConfigOpt = None,
+    overrides: Overrides = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="continue from the latest checkpoint")
+    ] = False,
+) -> None:
+    """Supervised fine-tuning on a teacher-annotated dataset (LoRA or full; checkpoints, --resume)."""
+    cfg = _load(SFTConfig, config, overrides)
+    from acmrl.models import ModelError
+    from acmrl.train.sft import run_sft
+
+    try:
+        result = run_sft(cfg, resume=resume)
+    except (ModelError, ValueError) as exc:
+        fail(str(exc))
+    losses = result["losses"]
+    typer.echo(f"steps: {result['steps']}; loss first {losses[0]:.4f}, last {losses[-1]:.4f}")
+    typer.echo(f"model: {cfg.output}/final (checkpoints: {cfg.output}/checkpoints)")
 
 
 @train_app.command(hidden=True)

@@ -477,12 +477,65 @@ class AnnotateConfig:
             raise ConfigError(f"shard: got {self.shard!r}, expected i/n with 0 <= i < n, e.g. 0/4")
 
 
+@dataclasses.dataclass
+class LoraConfig:
+    """Low-rank adapters (peft); off means full fine-tuning."""
+
+    enabled: bool = option(True, "train LoRA adapters instead of all weights")
+    r: int = option(16, "adapter rank", min=1)
+    alpha: int = option(32, "adapter scaling numerator (scale = alpha / r)", min=1)
+    dropout: float = option(
+        0.0, "dropout on the adapter input; 0 keeps resumes exact", min=0.0, max=1.0
+    )
+    target_modules: list[str] = option(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        "linear layers that get adapters",
+    )
+
+
+@dataclasses.dataclass
+class OptimConfig:
+    """Optimiser, schedule and batching."""
+
+    lr: float = option(2e-4, "peak learning rate (LoRA; use ~1e-5 for full fine-tuning)", min=0.0)
+    weight_decay: float = option(0.0, "AdamW weight decay", min=0.0)
+    warmup_steps: int = option(0, "linear warm-up steps", min=0)
+    schedule: Literal["constant", "cosine"] = option("cosine", "decay after warm-up")
+    max_steps: int = option(100, "optimiser steps", min=1)
+    batch_tokens: int = option(
+        4096, "tokens per batch (padded samples are packed up to this)", min=64
+    )
+    max_grad_norm: float = option(1.0, "gradient clipping; 0 disables", min=0.0)
+
+
+@dataclasses.dataclass
+class SFTConfig:
+    """`acmrl train sft`: supervised fine-tuning on a teacher-annotated dataset."""
+
+    model: ModelConfig = section(ModelConfig, "the student to fine-tune")
+    dataset: str = option(
+        "runs/annotate/dataset", "a dataset written by acmrl annotate (load_from_disk)"
+    )
+    lora: LoraConfig = section(LoraConfig, "adapters")
+    optim: OptimConfig = section(OptimConfig, "optimisation")
+    kl_coef: float = option(
+        0.0, "weight of the forward KL to the stored teacher top-k logprobs (0: off)", min=0.0
+    )
+    min_weight: float = option(0.0, "skip samples whose weight is at or below this", min=0.0)
+    max_len: int = option(4096, "samples longer than this are cut (their targets too)", min=16)
+    seed: int = option(0, "data order and initialisation seed", min=0)
+    output: str = option("runs/sft", "folder: checkpoints, the final model, TensorBoard logs")
+    save_every: int = option(50, "checkpoint every N steps (and at the end)", min=1)
+    log_with: list[str] = option(["tensorboard"], "trackers: tensorboard, wandb, mlflow")
+
+
 # `configs/<command>*.yaml` holds configs for that command (checked by the tests)
 COMMAND_CONFIGS: dict[str, type] = {
     "generate": GenerateConfig,
     "rollout": RolloutConfig,
     "serve": ServeConfig,
     "annotate": AnnotateConfig,
+    "sft": SFTConfig,
 }
 
 

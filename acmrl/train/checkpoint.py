@@ -1,0 +1,81 @@
+"""Checkpoints that survive a kill: written to a temporary folder, published by one rename.
+
+A checkpoint folder ``checkpoints/step-000050`` holds the adapter or model (``save_pretrained``),
+the optimiser and scheduler state, every RNG state, and ``trainer_state.json`` (step, data
+position, recent losses). It becomes visible only once complete, so a kill during a save leaves
+the previous checkpoint as the latest; ``--resume`` picks the newest complete one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+STATE = "trainer_state.json"
+
+
+def rng_state() -> dict[str, Any]:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"]:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(
+    root: str | Path, step: int, model: Any, optimizer: Any, scheduler: Any, state: dict[str, Any]
+) -> Path:
+    """Write checkpoint ``step`` under ``root/checkpoints`` atomically; returns its folder."""
+    ckpts = Path(root) / "checkpoints"
+    ckpts.mkdir(parents=True, exist_ok=True)
+    final = ckpts / f"step-{step:06d}"
+    tmp = ckpts / f".tmp-step-{step:06d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    model.save_pretrained(tmp / "model")
+    torch.save(
+        {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "rng": rng_state(),
+        },
+        tmp / "training.pt",
+    )
+    (tmp / STATE).write_text(json.dumps({**state, "step": step}, indent=1))
+    with (tmp / STATE).open() as f:
+        os.fsync(f.fileno())
+    if final.exists():  # re-saving the same step (a resumed run): replace it
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return final
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    ckpts = Path(root) / "checkpoints"
+    done = sorted(p for p in ckpts.glob("step-*") if (p / STATE).exists()) if ckpts.exists() else []
+    return done[-1] if done else None
+
+
+def load_training_state(path: Path, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+    """Restore optimiser, scheduler and RNG states; returns ``trainer_state.json``."""
+    blob = torch.load(path / "training.pt", weights_only=False)
+    optimizer.load_state_dict(blob["optimizer"])
+    scheduler.load_state_dict(blob["scheduler"])
+    set_rng_state(blob["rng"])
+    return json.loads((path / STATE).read_text())

@@ -1,0 +1,220 @@
+"""``acmrl train sft``: supervised fine-tuning on a teacher-annotated dataset.
+
+Each sample is the exact token sequence the student read and wrote (after any compaction); the
+loss is the negative log-likelihood of its target tokens (``loss_mask``: the teacher's turn and
+the student's own tokens), each sample weighted by its ``weight`` (the assessment's soft
+supervision), aggregated per token. With ``kl_coef`` > 0, a forward KL to the teacher's stored
+top-k logprobs is added at the same positions. LoRA (peft) by default, full fine-tuning with
+``lora.enabled=false``; ``accelerate`` places the model and runs unchanged under
+``accelerate launch`` (each process takes every n-th batch; gradients are averaged).
+
+Batches are formed deterministically from the seed and the epoch, so a run resumed from a
+checkpoint (``--resume``) sees the same next batch and reproduces the losses.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from acmrl.config import SFTConfig, to_dict
+from acmrl.train.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
+from acmrl.train.loss import sft_loss, token_logprobs, topk_kl
+
+
+def load_samples(cfg: SFTConfig) -> list[dict[str, Any]]:
+    from datasets import load_from_disk
+
+    path = Path(cfg.dataset)
+    if (
+        not (path / "dataset_dict.json").exists()
+        and (path / "dataset" / "dataset_dict.json").exists()
+    ):
+        path = path / "dataset"  # the annotate output folder was given
+    try:
+        ds = load_from_disk(str(path))
+    except FileNotFoundError as exc:
+        raise ValueError(
+            f"dataset {cfg.dataset!r} not found: give the folder acmrl annotate wrote"
+        ) from exc
+    samples = [s for s in ds["samples"] if s["weight"] > cfg.min_weight and any(s["loss_mask"])]
+    if not samples:
+        raise ValueError(
+            f"dataset {cfg.dataset!r} has no sample with weight > {cfg.min_weight} and a target"
+        )
+    return samples
+
+
+def epoch_batches(samples: list[dict[str, Any]], epoch: int, cfg: SFTConfig) -> list[list[int]]:
+    """Sample indices per batch for ``epoch``: a seeded shuffle, filled up to ``batch_tokens``
+    counting padding (a sample longer than the budget is a batch alone)."""
+    order = list(range(len(samples)))
+    random.Random(cfg.seed * 1_000_003 + epoch).shuffle(order)
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for i in order:
+        n = min(len(samples[i]["token_ids"]), cfg.max_len)
+        if cur and max(longest, n) * (len(cur) + 1) > cfg.optim.batch_tokens:
+            batches.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, n)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def collate(
+    samples: list[dict[str, Any]], max_len: int, pad_id: int, device: Any
+) -> dict[str, torch.Tensor]:
+    T = max(min(len(s["token_ids"]), max_len) for s in samples)
+    B = len(samples)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attn = torch.zeros(B, T, dtype=torch.long)
+    mask = torch.zeros(B, T, dtype=torch.long)
+    k = max((len(t[0]) for s in samples for t in s.get("teacher_topk_ids", [])[:1]), default=0)
+    topk_ids = torch.zeros(B, T, max(k, 1), dtype=torch.long)
+    topk_lp = torch.zeros(B, T, max(k, 1))
+    for b, s in enumerate(samples):
+        n = min(len(s["token_ids"]), T)
+        ids[b, :n] = torch.tensor(s["token_ids"][:n])
+        attn[b, :n] = 1
+        mask[b, :n] = torch.tensor(s["loss_mask"][:n])
+        targets = [i for i, m in enumerate(s["loss_mask"]) if m and i > 0]
+        for j, pos in enumerate(targets[: len(s.get("teacher_topk_ids", []))]):
+            if pos < T:
+                topk_ids[b, pos] = torch.tensor(s["teacher_topk_ids"][j])
+                topk_lp[b, pos] = torch.tensor(s["teacher_topk_logprobs"][j])
+    mask[:, 0] = 0  # position 0 has no prefix to predict it from
+    weights = torch.tensor([float(s["weight"]) for s in samples])
+    out = {"input_ids": ids, "attention_mask": attn, "loss_mask": mask, "weights": weights}
+    if k:
+        out |= {"topk_ids": topk_ids, "topk_logprobs": topk_lp}
+    return {key: v.to(device) for key, v in out.items()}
+
+
+def build_model(cfg: SFTConfig, resume_from: Path | None) -> tuple[Any, Any]:
+    from acmrl.models import load_model
+
+    if resume_from is not None and not cfg.lora.enabled:
+        import dataclasses
+
+        return load_model(dataclasses.replace(cfg.model, name=str(resume_from / "model")))
+    model, tok = load_model(cfg.model)
+    if not cfg.lora.enabled:
+        return model, tok
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if resume_from is not None:
+        return PeftModel.from_pretrained(model, str(resume_from / "model"), is_trainable=True), tok
+    lora = LoraConfig(
+        r=cfg.lora.r,
+        lora_alpha=cfg.lora.alpha,
+        lora_dropout=cfg.lora.dropout,
+        target_modules=list(cfg.lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, lora), tok
+
+
+def lr_lambda(cfg: SFTConfig):
+    o = cfg.optim
+
+    def f(step: int) -> float:
+        if step < o.warmup_steps:
+            return (step + 1) / o.warmup_steps
+        if o.schedule == "constant":
+            return 1.0
+        progress = (step - o.warmup_steps) / max(1, o.max_steps - o.warmup_steps)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return f
+
+
+def run_sft(
+    cfg: SFTConfig, *, resume: bool = False, stop_after: int | None = None
+) -> dict[str, Any]:
+    """Train; ``stop_after`` ends the process-like run early after that many steps (tests)."""
+    from accelerate import Accelerator
+
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.output)
+    ckpt = latest_checkpoint(out) if resume else None
+    if resume and ckpt is None:
+        raise ValueError(f"--resume: no complete checkpoint under {out}/checkpoints")
+    samples = load_samples(cfg)
+    acc = Accelerator(log_with=cfg.log_with or None, project_dir=str(out))
+    model, tok = build_model(cfg, ckpt)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
+    state: dict[str, Any] = {"step": 0, "epoch": 0, "batch": 0, "losses": []}
+    if ckpt is not None:
+        state = load_training_state(ckpt, opt, sched)
+    model, opt = acc.prepare(model, opt)
+    if cfg.log_with:
+        acc.init_trackers("acmrl-sft", config={k: str(v) for k, v in to_dict(cfg).items()})
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    step, epoch, pos = state["step"], state["epoch"], state["batch"]
+    losses: list[float] = list(state["losses"])
+    batches = epoch_batches(samples, epoch, cfg)[acc.process_index :: acc.num_processes]
+    model.train()
+    t0 = time.perf_counter()
+    while step < cfg.optim.max_steps:
+        if pos >= len(batches):
+            epoch, pos = epoch + 1, 0
+            batches = epoch_batches(samples, epoch, cfg)[acc.process_index :: acc.num_processes]
+        batch = collate([samples[i] for i in batches[pos]], cfg.max_len, pad, acc.device)
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        lp = token_logprobs(logits, batch["input_ids"])
+        nll = sft_loss(lp, batch["loss_mask"], batch["weights"])
+        kl = (
+            topk_kl(logits, batch["topk_ids"], batch["topk_logprobs"], batch["loss_mask"])
+            if cfg.kl_coef and "topk_ids" in batch
+            else torch.zeros(())
+        )
+        loss = nll + cfg.kl_coef * kl
+        acc.backward(loss)
+        if cfg.optim.max_grad_norm:
+            acc.clip_grad_norm_(params, cfg.optim.max_grad_norm)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        step, pos = step + 1, pos + 1
+        losses.append(float(loss.detach()))
+        tokens = int(batch["attention_mask"].sum())
+        acc.log(
+            {
+                "loss": losses[-1],
+                "nll": float(nll.detach()),
+                "kl": float(kl),
+                "lr": sched.get_last_lr()[0],
+                "target_tokens": int(batch["loss_mask"].sum()),
+                "tokens_per_s": tokens / max(1e-9, time.perf_counter() - t0),
+            },
+            step=step,
+        )
+        t0 = time.perf_counter()
+        if acc.is_main_process and (step % cfg.save_every == 0 or step == cfg.optim.max_steps):
+            save_checkpoint(
+                out,
+                step,
+                acc.unwrap_model(model),
+                opt,
+                sched,
+                {"epoch": epoch, "batch": pos, "losses": losses[-1000:]},
+            )
+        if stop_after is not None and step >= stop_after:
+            break
+    if acc.is_main_process and step == cfg.optim.max_steps:
+        final = out / "final"
+        acc.unwrap_model(model).save_pretrained(final)
+        tok.save_pretrained(final)
+    acc.end_training()
+    return {"steps": step, "losses": losses, "output": str(out)}

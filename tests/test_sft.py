@@ -1,0 +1,80 @@
+"""SFT on an annotated dataset: the loss falls, checkpoints are atomic, --resume is exact."""
+
+from __future__ import annotations
+
+import pytest
+
+from acmrl.config import SFTConfig
+from acmrl.train.checkpoint import latest_checkpoint
+from acmrl.train.sft import run_sft
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory, tiny_model_dir):
+    """A small annotated dataset from kb_search tiny (scripted student, oracle teacher)."""
+    from transformers import AutoTokenizer
+
+    from acmrl.config import AnnotateConfig
+    from acmrl.context.render import format_tool_call
+    from acmrl.engines.scripted import ScriptedEngine
+    from acmrl.teacher.annotate import run_annotate
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+
+    def reply(session_id: str, prompt: str) -> str:
+        if "<tool_response>" not in prompt:
+            return "I think it is the Amber Kite Fair."
+        return format_tool_call("answer", {"text": "Amber Kite Fair"})
+
+    out = tmp_path_factory.mktemp("ann")
+    cfg = AnnotateConfig(output=str(out), resumes=1)
+    cfg.env.options = {"preset": "tiny", "seed": 0}
+    cfg.env.split, cfg.env.limit = "train", 4
+    cfg.agent.max_turns = 3
+    run_annotate(cfg, engine=ScriptedEngine(tok, reply))
+    return out
+
+
+def config(tmp_path, dataset, tiny_model_dir, **optim) -> SFTConfig:
+    cfg = SFTConfig(
+        dataset=str(dataset), output=str(tmp_path / "sft"), save_every=3, log_with=["tensorboard"]
+    )
+    cfg.model.name = str(tiny_model_dir)
+    cfg.lora.r = 4
+    cfg.optim.max_steps = 6
+    cfg.optim.batch_tokens = 2048
+    cfg.optim.lr = 5e-3
+    for k, v in optim.items():
+        setattr(cfg.optim, k, v)
+    return cfg
+
+
+def test_sft_lowers_the_loss_and_saves(tmp_path, dataset, tiny_model_dir):
+    cfg = config(tmp_path, dataset, tiny_model_dir, max_steps=12, schedule="constant")
+    result = run_sft(cfg)
+    losses = result["losses"]
+    assert len(losses) == 12
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3  # it learns the teacher's turns
+    assert (tmp_path / "sft" / "final" / "adapter_config.json").exists()
+    assert latest_checkpoint(tmp_path / "sft").name == "step-000012"
+    assert list((tmp_path / "sft").rglob("events.out.tfevents*"))  # TensorBoard logs
+
+
+def test_resume_reproduces_the_uninterrupted_losses(tmp_path, dataset, tiny_model_dir):
+    full = run_sft(config(tmp_path / "a", dataset, tiny_model_dir))["losses"]
+    cfg = config(tmp_path / "b", dataset, tiny_model_dir)
+    first = run_sft(cfg, stop_after=3)["losses"]  # "killed" right after the step-3 checkpoint
+    # a save that was killed half-way leaves a temporary folder, which resume ignores
+    (tmp_path / "b" / "sft" / "checkpoints" / ".tmp-step-000004").mkdir()
+    resumed = run_sft(cfg, resume=True)["losses"]
+    assert first == full[:3]
+    assert resumed == pytest.approx(full, rel=1e-4, abs=1e-5)
+
+
+def test_bad_dataset_is_a_clear_error(tmp_path, tiny_model_dir):
+    cfg = SFTConfig(dataset=str(tmp_path / "nothing"), output=str(tmp_path / "o"))
+    cfg.model.name = str(tiny_model_dir)
+    with pytest.raises(ValueError, match="not found: give the folder acmrl annotate wrote"):
+        run_sft(cfg)
+    with pytest.raises(ValueError, match="no complete checkpoint"):
+        run_sft(cfg, resume=True)
