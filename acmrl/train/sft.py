@@ -137,6 +137,19 @@ def lr_lambda(cfg: SFTConfig):
     return f
 
 
+def _progress(visible: bool) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = [
+        TextColumn("sft"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[loss]}"),
+    ]
+    return Progress(*columns, disable=not visible)
+
+
 def run_sft(
     cfg: SFTConfig, *, resume: bool = False, stop_after: int | None = None
 ) -> dict[str, Any]:
@@ -166,6 +179,9 @@ def run_sft(
     batches = epoch_batches(samples, epoch, cfg)[acc.process_index :: acc.num_processes]
     model.train()
     t0 = time.perf_counter()
+    progress = _progress(acc.is_main_process)
+    bar = progress.add_task("sft", total=cfg.optim.max_steps, completed=step, loss="")
+    progress.start()
     while step < cfg.optim.max_steps:
         if pos >= len(batches):
             epoch, pos = epoch + 1, 0
@@ -201,6 +217,7 @@ def run_sft(
             step=step,
         )
         t0 = time.perf_counter()
+        progress.update(bar, completed=step, loss=f"loss {losses[-1]:.4f}")
         if acc.is_main_process and (step % cfg.save_every == 0 or step == cfg.optim.max_steps):
             save_checkpoint(
                 out,
@@ -212,6 +229,7 @@ def run_sft(
             )
         if stop_after is not None and step >= stop_after:
             break
+    progress.stop()
     if acc.is_main_process and step == cfg.optim.max_steps:
         final = out / "final"
         acc.unwrap_model(model).save_pretrained(final)
