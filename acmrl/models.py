@@ -148,9 +148,11 @@ def resolve_model(name: str) -> str:
         return str(ensure_default_model())
     path = Path(name).expanduser()
     if path.exists():
-        if not (path / "config.json").is_file():
+        # a model folder, or a PEFT adapter folder (transformers loads its base model with peft)
+        if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
             raise ModelError(
-                f"model folder {path} has no config.json; is it a Hugging Face model folder?"
+                f"model folder {path} has no config.json (nor adapter_config.json); is it a "
+                "Hugging Face model or adapter folder?"
             )
         return str(path)
     return name
