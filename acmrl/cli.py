@@ -218,7 +218,10 @@ def sft(
     except (ModelError, ValueError) as exc:
         fail(str(exc))
     losses = result["losses"]
-    typer.echo(f"steps: {result['steps']}; loss first {losses[0]:.4f}, last {losses[-1]:.4f}")
+    typer.echo(
+        f"process {result['rank']} of {result['processes']}: steps {result['steps']}; "
+        f"loss first {losses[0]:.4f}, last {losses[-1]:.4f}"
+    )
     typer.echo(f"model: {cfg.output}/final (checkpoints: {cfg.output}/checkpoints)")
 
 

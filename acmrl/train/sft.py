@@ -162,7 +162,10 @@ def run_sft(
     if resume and ckpt is None:
         raise ValueError(f"--resume: no complete checkpoint under {out}/checkpoints")
     samples = load_samples(cfg)
-    acc = Accelerator(log_with=cfg.log_with or None, project_dir=str(out))
+    # without a GPU, cpu=True makes a torchrun / accelerate launch of n processes use gloo
+    acc = Accelerator(
+        cpu=not torch.cuda.is_available(), log_with=cfg.log_with or None, project_dir=str(out)
+    )
     model, tok = build_model(cfg, ckpt)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
@@ -235,4 +238,10 @@ def run_sft(
         acc.unwrap_model(model).save_pretrained(final)
         tok.save_pretrained(final)
     acc.end_training()
-    return {"steps": step, "losses": losses, "output": str(out)}
+    return {
+        "steps": step,
+        "losses": losses,
+        "output": str(out),
+        "processes": acc.num_processes,
+        "rank": acc.process_index,
+    }
