@@ -30,3 +30,16 @@ def tiny_model_dir(tmp_path_factory, default_model_dir) -> Path:
     from acmrl.models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", tokenizer_from=DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_model_dir):
+    """The transformers engine over the tiny model (float32), fresh for each test module."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from acmrl.engines.hf import HFEngine
+
+    torch.set_flush_denormal(True)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    return HFEngine(model, AutoTokenizer.from_pretrained(tiny_model_dir), max_batch=8)

@@ -9,7 +9,6 @@ import torch
 
 from acmrl.config import AnnotateConfig
 from acmrl.context.render import format_tool_call
-from acmrl.engines.hf import HFEngine
 from acmrl.engines.scripted import ScriptedEngine
 from acmrl.envs import load
 from acmrl.teacher.annotate import run_annotate
@@ -17,12 +16,8 @@ from acmrl.teacher.llm import LLMTeacher, parse_json_object
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    torch.set_flush_denormal(True)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    return HFEngine(model, AutoTokenizer.from_pretrained(tiny_model_dir))
+def tiny(tiny_engine):
+    return tiny_engine
 
 
 def student(tok):

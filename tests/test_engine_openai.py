@@ -13,10 +13,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import torch
 
 from acmrl.engines.base import EngineError, Request
-from acmrl.engines.hf import HFEngine
 from acmrl.engines.openai import OpenAIEngine
 
 
@@ -47,12 +45,8 @@ def servers(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def local(tiny_model_dir):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    torch.set_flush_denormal(True)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    return HFEngine(model, AutoTokenizer.from_pretrained(tiny_model_dir))
+def local(tiny_engine):
+    return tiny_engine
 
 
 def prompt(tok, text: str) -> list[int]:

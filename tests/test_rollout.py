@@ -11,13 +11,11 @@ import itertools
 import json
 
 import pytest
-import torch
 
 from acmrl.config import AgentConfig, RolloutConfig, SamplingConfig
 from acmrl.context.prefix import compaction_cost
 from acmrl.context.render import format_tool_call
 from acmrl.context.state import validate
-from acmrl.engines.hf import HFEngine
 from acmrl.engines.scripted import ScriptedEngine, replay
 from acmrl.envs import load
 from acmrl.rollout.agent import Episode
@@ -32,12 +30,8 @@ def env():
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    torch.set_flush_denormal(True)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    return HFEngine(model, AutoTokenizer.from_pretrained(tiny_model_dir), max_batch=8)
+def tiny(tiny_engine):
+    return tiny_engine
 
 
 def calls(plan) -> list[str]:

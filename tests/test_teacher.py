@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from acmrl.config import AgentConfig, SamplingConfig
 from acmrl.context.render import format_tool_call
-from acmrl.engines.hf import HFEngine
 from acmrl.engines.scripted import ScriptedEngine, replay
 from acmrl.envs import load
 from acmrl.rollout.agent import Episode
@@ -23,12 +21,8 @@ def env():
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    torch.set_flush_denormal(True)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    return HFEngine(model, AutoTokenizer.from_pretrained(tiny_model_dir))
+def tiny(tiny_engine):
+    return tiny_engine
 
 
 def run(env, task, arm, texts, engine, **agent):
