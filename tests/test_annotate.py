@@ -52,7 +52,8 @@ def test_parse_json_object_is_robust():
         parse_json_object("{not json} nor this")
 
 
-def _teacher_run(tiny, replies: list[str], attempts: int = 3):
+def _student_episode(tiny, arm: str):
+    """One finished episode of the scripted student on the first tiny eval task."""
     from acmrl.config import AgentConfig, SamplingConfig
     from acmrl.rollout.agent import Episode
     from acmrl.rollout.worker import run_episodes
@@ -63,12 +64,17 @@ def _teacher_run(tiny, replies: list[str], attempts: int = 3):
         "e",
         env,
         task,
-        "acm",
+        arm,
         tiny.tokenizer,
         agent=AgentConfig(),
         sampling=SamplingConfig(max_new_tokens=16),
     )
     run_episodes([ep], student(tiny.tokenizer))
+    return task, ep
+
+
+def _teacher_run(tiny, replies: list[str], attempts: int = 3):
+    task, ep = _student_episode(tiny, "acm")
     queue = list(replies)
     teacher = LLMTeacher(
         ScriptedEngine(tiny.tokenizer, lambda s, p: queue.pop(0) if queue else "no"),
@@ -105,22 +111,7 @@ def test_llm_teacher_records_a_failure_after_its_attempts(tiny):
 
 def test_llm_teacher_with_a_real_model_fails_cleanly(tiny):
     """The tiny random model cannot write JSON: the assessment is recorded as failed."""
-    from acmrl.config import AgentConfig, SamplingConfig
-    from acmrl.rollout.agent import Episode
-    from acmrl.rollout.worker import run_episodes
-
-    env = load("kb_search", preset="tiny", seed=0)
-    task = env.tasks("eval")[0]
-    ep = Episode(
-        "e",
-        env,
-        task,
-        "react",
-        tiny.tokenizer,
-        agent=AgentConfig(),
-        sampling=SamplingConfig(max_new_tokens=16),
-    )
-    run_episodes([ep], student(tiny.tokenizer))
+    task, ep = _student_episode(tiny, "react")
     a = LLMTeacher(tiny, tiny.tokenizer, max_attempts=2, max_tokens=24).assess(
         task, ep.traj, ep.budget, ep.tools
     )

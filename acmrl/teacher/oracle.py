@@ -65,7 +65,7 @@ def _next_needed(
     return plan[-1]
 
 
-def _describe(name: str, args: dict[str, Any], seen: str) -> str:
+def _describe(name: str, args: dict[str, Any]) -> str:
     if name == "search":
         return f"I need to find out more about {args['query']}, so I will search for it."
     if name == "open":
@@ -142,7 +142,7 @@ class OracleTeacher:
                 why = "My last call did not work as written."
             if why is not None:
                 name, args = _next_needed(self.env, task, seen, done)
-                rationale = f"{why} {_describe(name, args, seen)}"
+                rationale = f"{why} {_describe(name, args)}"
                 return Assessment(
                     "correction", i, {"name": name, "arguments": args}, rationale, self.name
                 )
