@@ -18,6 +18,7 @@ from acmrl.config import (
     AnnotateConfig,
     ConfigError,
     GenerateConfig,
+    GRPOConfig,
     RolloutConfig,
     ServeConfig,
     SFTConfig,
@@ -225,10 +226,30 @@ def sft(
     typer.echo(f"model: {cfg.output}/final (checkpoints: {cfg.output}/checkpoints)")
 
 
-@train_app.command(hidden=True)
-def grpo(config: ConfigOpt = None, overrides: Overrides = None) -> None:
-    """GRPO on task success minus compaction cost (not yet available)."""
-    _not_yet("train grpo", 7)
+@train_app.command()
+def grpo(
+    config: ConfigOpt = None,
+    overrides: Overrides = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="continue from the latest checkpoint")
+    ] = False,
+) -> None:
+    """Online GRPO on task success minus compaction cost (rollouts share the trained weights)."""
+    cfg = _load(GRPOConfig, config, overrides)
+    from acmrl.envs import EnvError
+    from acmrl.models import ModelError
+    from acmrl.train.grpo import run_grpo
+
+    try:
+        result = run_grpo(cfg, resume=resume)
+    except (EnvError, ModelError, ValueError) as exc:
+        fail(str(exc))
+    rewards = result["rewards"] or [float("nan")]
+    typer.echo(
+        f"process {result['rank']} of {result['processes']}: steps {result['steps']}; "
+        f"mean reward first {rewards[0]:.4f}, last {rewards[-1]:.4f}"
+    )
+    typer.echo(f"model: {result['final']} (checkpoints: {cfg.output}/checkpoints)")
 
 
 @app.command(name="eval", hidden=True)

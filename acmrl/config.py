@@ -40,9 +40,12 @@ def option(default: Any, help: str, **checks: Any) -> Any:
     return dataclasses.field(default=default, metadata=meta)
 
 
-def section(cls: type, help: str) -> Any:
-    """A nested dataclass field with its help text."""
-    return dataclasses.field(default_factory=cls, metadata={"help": help})
+def section(cls: type, help: str, **defaults: Any) -> Any:
+    """A nested dataclass field with its help text; ``defaults`` override the section's own
+    defaults for this command (a YAML file or override still wins)."""
+    return dataclasses.field(
+        default_factory=lambda: cls(**defaults), metadata={"help": help, "defaults": defaults}
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,6 +155,8 @@ def _build(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
     kwargs = {}
     for name, value in data.items():
         where = prefix + name
+        if isinstance(value, dict) and fields[name].metadata.get("defaults"):
+            value = {**fields[name].metadata["defaults"], **value}
         converted = _convert(value, hints[name], where)
         _check_bounds(fields[name], converted, where)
         kwargs[name] = converted
@@ -529,6 +534,83 @@ class SFTConfig:
     log_with: list[str] = option(["tensorboard"], "trackers: tensorboard, wandb, mlflow")
 
 
+@dataclasses.dataclass
+class RewardConfig:
+    """Reward = success x w_success - each cost x its weight (acmrl/rewards)."""
+
+    success: float = option(1.0, "weight of task success (the environment's score)")
+    compaction_cost: float = option(
+        0.1, "weight of the summed Compaction Cost in units of the budget", min=0.0
+    )
+    malformed: float = option(0.01, "penalty per malformed tool call", min=0.0)
+    compress_loops: float = option(
+        0.05, "penalty per compaction with no environment call since the last one", min=0.0
+    )
+    success_threshold: float | None = option(
+        None, "score at or above which success is 1 (else 0); null keeps the raw score"
+    )
+
+
+@dataclasses.dataclass
+class GRPOConfig:
+    """`acmrl train grpo`: online GRPO on task success minus compaction cost."""
+
+    model: ModelConfig = section(
+        ModelConfig, "the policy to train (a model, or the adapter folder an SFT run wrote)"
+    )
+    sampling: SamplingConfig = section(
+        SamplingConfig, "sampling of the rollouts", temperature=1.0, stop=["</tool_call>"]
+    )
+    agent: AgentConfig = section(AgentConfig, "the agent loop and context management")
+    env: EnvConfig = section(EnvConfig, "the training tasks", split="train")
+    engine: EngineConfig = section(EngineConfig, "the rollout backend (hf: shares the weights)")
+    arms: list[str] = option(["acm"], "arms rolled out; each task x arm is one group")
+    lora: LoraConfig = section(LoraConfig, "adapters")
+    optim: OptimConfig = section(OptimConfig, "optimisation (max_steps: GRPO steps)")
+    reward: RewardConfig = section(RewardConfig, "reward weights")
+    group_size: int = option(8, "rollouts per task and arm (G)", min=2)
+    tasks_per_step: int = option(4, "tasks per GRPO step (across all processes)", min=1)
+    updates_per_step: int = option(
+        1, "optimiser steps on each batch of rollouts (mu; > 1 makes the clip matter)", min=1
+    )
+    scale_advantages: bool = option(False, "divide advantages by the group's reward std")
+    clip_eps: float = option(0.2, "importance-ratio clip range", min=0.0)
+    kl_coef: float = option(
+        0.0, "weight of the KL to the reference (the start model; adapter off under LoRA)", min=0.0
+    )
+    old_logprobs: Literal["recompute", "engine"] = option(
+        "recompute", "old-policy logprobs: a forward pass of the trainer, or the engine's"
+    )
+    train_helpers: bool = option(
+        True, "also train the summariser and querier calls (how to compact, not only when)"
+    )
+    skip_flat_groups: bool = option(
+        True, "drop groups whose rewards are all equal (zero advantage) unless kl_coef > 0"
+    )
+    max_len: int = option(8192, "samples longer than this are cut (their targets too)", min=16)
+    concurrency: int = option(32, "episodes in flight at once during a rollout phase", min=1)
+    seed: int = option(0, "task order and sampling seed", min=0)
+    output: str = option("runs/grpo", "folder: checkpoints, rollouts, final model, TensorBoard")
+    save_every: int = option(10, "checkpoint every N steps (and at the end)", min=1)
+    save_rollouts: bool = option(True, "append every rollout to rollouts-rank<i>.jsonl")
+    log_with: list[str] = option(["tensorboard"], "trackers: tensorboard, wandb, mlflow")
+
+    def check(self) -> None:
+        bad = [a for a in self.arms if a not in ARMS]
+        if bad or not self.arms:
+            raise ConfigError(f"arms: got {self.arms}, each must be one of {', '.join(ARMS)}")
+        if self.sampling.temperature <= 0:
+            raise ConfigError(
+                "sampling.temperature: GRPO needs sampling (> 0); greedy rollouts of a group "
+                "are identical and carry no signal"
+            )
+        if self.engine.kind != "hf":
+            raise ConfigError(
+                "engine.kind: GRPO rolls out with the hf engine, which shares the trained "
+                "weights; a served engine would sample a stale policy"
+            )
+
+
 # `configs/<command>*.yaml` holds configs for that command (checked by the tests)
 COMMAND_CONFIGS: dict[str, type] = {
     "generate": GenerateConfig,
@@ -536,6 +618,7 @@ COMMAND_CONFIGS: dict[str, type] = {
     "serve": ServeConfig,
     "annotate": AnnotateConfig,
     "sft": SFTConfig,
+    "grpo": GRPOConfig,
 }
 
 

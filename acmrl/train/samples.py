@@ -12,6 +12,10 @@ Per token: ``origin`` (0 environment/harness, 1 policy, 2 teacher), ``loss_mask`
 teacher tokens) and ``old_logprobs`` (the student's logprobs on its own tokens, 0 elsewhere).
 Per sample: ``weight``, the soft supervision of the assessment: 1.0 for a sample that holds the
 teacher's turn, otherwise the trajectory's score (a failed student run teaches nothing).
+
+With ``helpers=True`` the summariser and querier calls (the student writing its own summaries and
+extracts) become samples too, one per call, after the policy samples: GRPO trains *how* to
+compact as well as *when*.
 """
 
 from __future__ import annotations
@@ -46,10 +50,12 @@ class Sample:
         return asdict(self)
 
 
-def trajectory_samples(traj: Trajectory) -> list[Sample]:
+def trajectory_samples(traj: Trajectory, helpers: bool = False) -> list[Sample]:
     samples: list[Sample] = []
     cur: Sample | None = None
+    helper_calls = []
     for step in traj.steps:
+        helper_calls += [c for c in step.helper_calls if c.role in ("summariser", "querier")]
         call = step.call
         if call is None or call.role not in ("policy", "teacher"):
             continue
@@ -63,6 +69,12 @@ def trajectory_samples(traj: Trajectory) -> list[Sample]:
             cur.extend(call.prompt_ids, ENV)
         cur.extend(call.completion_ids, origin, call.logprobs)
         cur.calls += 1
+    for call in helper_calls if helpers else []:
+        sample = Sample(traj.episode_id, len(samples))
+        sample.extend(call.prompt_ids, ENV)
+        sample.extend(call.completion_ids, POLICY, call.logprobs)
+        sample.calls = 1
+        samples.append(sample)
     for s in samples:
         s.weight = 1.0 if TEACHER in s.origin else float(traj.score)
     return samples

@@ -14,7 +14,6 @@ checkpoint (``--resume``) sees the same next batch and reproduces the losses.
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 
 from acmrl.config import SFTConfig, to_dict
 from acmrl.train.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
+from acmrl.train.common import build_model, lr_lambda, progress_bar
 from acmrl.train.loss import sft_loss, token_logprobs, topk_kl
 
 
@@ -99,57 +99,6 @@ def collate(
     return {key: v.to(device) for key, v in out.items()}
 
 
-def build_model(cfg: SFTConfig, resume_from: Path | None) -> tuple[Any, Any]:
-    from acmrl.models import load_model
-
-    if resume_from is not None and not cfg.lora.enabled:
-        import dataclasses
-
-        return load_model(dataclasses.replace(cfg.model, name=str(resume_from / "model")))
-    model, tok = load_model(cfg.model)
-    if not cfg.lora.enabled:
-        return model, tok
-    from peft import LoraConfig, PeftModel, get_peft_model
-
-    if resume_from is not None:
-        return PeftModel.from_pretrained(model, str(resume_from / "model"), is_trainable=True), tok
-    lora = LoraConfig(
-        r=cfg.lora.r,
-        lora_alpha=cfg.lora.alpha,
-        lora_dropout=cfg.lora.dropout,
-        target_modules=list(cfg.lora.target_modules),
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, lora), tok
-
-
-def lr_lambda(cfg: SFTConfig):
-    o = cfg.optim
-
-    def f(step: int) -> float:
-        if step < o.warmup_steps:
-            return (step + 1) / o.warmup_steps
-        if o.schedule == "constant":
-            return 1.0
-        progress = (step - o.warmup_steps) / max(1, o.max_steps - o.warmup_steps)
-        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-    return f
-
-
-def _progress(visible: bool) -> Any:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    columns = [
-        TextColumn("sft"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[loss]}"),
-    ]
-    return Progress(*columns, disable=not visible)
-
-
 def run_sft(
     cfg: SFTConfig, *, resume: bool = False, stop_after: int | None = None
 ) -> dict[str, Any]:
@@ -166,10 +115,10 @@ def run_sft(
     acc = Accelerator(
         cpu=not torch.cuda.is_available(), log_with=cfg.log_with or None, project_dir=str(out)
     )
-    model, tok = build_model(cfg, ckpt)
+    model, tok, _ = build_model(cfg, ckpt)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.optim))
     state: dict[str, Any] = {"step": 0, "epoch": 0, "batch": 0, "losses": []}
     if ckpt is not None:
         state = load_training_state(ckpt, opt, sched)
@@ -182,8 +131,8 @@ def run_sft(
     batches = epoch_batches(samples, epoch, cfg)[acc.process_index :: acc.num_processes]
     model.train()
     t0 = time.perf_counter()
-    progress = _progress(acc.is_main_process)
-    bar = progress.add_task("sft", total=cfg.optim.max_steps, completed=step, loss="")
+    progress = progress_bar("sft", acc.is_main_process)
+    bar = progress.add_task("sft", total=cfg.optim.max_steps, completed=step, info="")
     progress.start()
     while step < cfg.optim.max_steps:
         if pos >= len(batches):
@@ -220,7 +169,7 @@ def run_sft(
             step=step,
         )
         t0 = time.perf_counter()
-        progress.update(bar, completed=step, loss=f"loss {losses[-1]:.4f}")
+        progress.update(bar, completed=step, info=f"loss {losses[-1]:.4f}")
         if acc.is_main_process and (step % cfg.save_every == 0 or step == cfg.optim.max_steps):
             save_checkpoint(
                 out,

@@ -1,0 +1,520 @@
+"""``acmrl train grpo``: online GRPO on task success minus compaction cost.
+
+The algorithm, per step ``s`` (one optimiser step per ``updates_per_step``):
+
+1. **Tasks.** ``tasks_per_step`` tasks of the training split, taken in order from a shuffle of
+   the split that is seeded by ``seed`` and the epoch, so the data position is the step number
+   and a resumed run sees the same next tasks. Under ``accelerate launch`` each process takes
+   every n-th of them.
+2. **Rollouts.** ``group_size`` (G) episodes per task and arm, run by the rollout workers
+   (:func:`acmrl.rollout.worker.run_episodes`) with the ``hf`` engine over *the model being
+   trained* (the same parameter tensors; LoRA layers included), so the sampling policy is always
+   the current one. Each episode's sampling seed derives from (seed, step, episode id).
+3. **Rewards.** :func:`acmrl.rewards.trajectory_reward`: success minus the weighted Compaction
+   Cost (summariser and querier tokens included, in units of the budget), malformed-call and
+   compress-loop penalties. Every term is logged.
+4. **Advantages.** Group-relative: each rollout's reward minus the mean of its group (task x
+   arm); divided by the group's std when ``scale_advantages``.
+5. **Samples.** :func:`acmrl.train.samples.trajectory_samples`: per-turn samples, consecutive
+   calls packed while the prompt extends the previous sequence, a new sample at every prefix
+   break (compaction); the loss mask covers the policy's own tokens. Every token of a rollout
+   shares its advantage.
+6. **Loss.** :func:`acmrl.train.loss.grpo_loss`: ``-min(r A, clip(r, 1-eps, 1+eps) A)`` with
+   ``r = exp(logp - logp_old)``, summed over all target tokens of the step's batch and divided by
+   their number (token-level aggregation), plus ``kl_coef`` x the k3 estimate of KL(policy ||
+   reference). Gradients accumulate over micro-batches of at most ``optim.batch_tokens`` tokens.
+
+Deliberate departures from textbook GRPO (DeepSeekMath):
+
+- **Token-level aggregation** over the whole batch (DAPO, Dr. GRPO) instead of a per-sequence
+  mean: an episode's many turns weigh by their tokens, and long turns are not discounted.
+- **Advantages are not std-scaled by default** (Dr. GRPO): std scaling up-weights groups that
+  are nearly all right or all wrong. ``scale_advantages=true`` restores it.
+- **Multi-turn, multi-sample rollouts.** One rollout is an episode of many model calls; after a
+  compaction the context is rebuilt, so one rollout gives several samples, each exactly the
+  token sequence the model read, all with the rollout's advantage.
+- **The summariser and querier calls are trained too** (``train_helpers``): the student writes
+  its own summaries and memory extracts; their tokens get the rollout's advantage, so GRPO
+  shapes how to compact as well as when.
+- **Flat groups are skipped** (``skip_flat_groups``, as DAPO's dynamic-sampling filter but
+  without re-sampling): a group whose rewards are all equal has zero advantage and, without a
+  KL term, no gradient; it is not forwarded.
+- **Old logprobs are recomputed** by the trainer before the update (``old_logprobs=recompute``,
+  as verl does) rather than taken from the engine: the engine's batched, cached decoding is not
+  bit-identical to the training forward, and the ratio must be 1 on the first update. The mean
+  absolute difference to the engine's logprobs is logged (``logprob_mismatch``).
+- **Temperature.** Logits are divided by the sampling temperature in the loss, so the trained
+  distribution is the one sampled from (as TRL does).
+- **The reference** for the KL is the start model: the policy with its adapter disabled under
+  LoRA (an SFT adapter given as ``model.name`` is merged into the base first), a frozen copy
+  under full fine-tuning.
+- **Multi-process.** Each process rolls out its own tasks; a group never spans processes, so
+  advantages need no communication; token-level aggregation is per process and DDP averages the
+  gradients. FSDP and ZeRO-3 shard the weights the ``hf`` engine samples from and are not
+  supported for GRPO (they are for SFT).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+import zlib
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from acmrl.config import GRPOConfig, to_dict
+from acmrl.envs import Environment, load
+from acmrl.envs.base import Task
+from acmrl.rewards import RewardWeights, trajectory_reward
+from acmrl.rollout.agent import Episode
+from acmrl.rollout.records import Trajectory
+from acmrl.rollout.worker import JsonlLog, episode_id, run_episodes
+from acmrl.train.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
+from acmrl.train.common import build_model, lr_lambda, progress_bar
+from acmrl.train.loss import group_advantages, grpo_loss, token_logprobs
+from acmrl.train.samples import Sample, trajectory_samples
+
+
+def step_tasks(tasks: list[Task], step: int, cfg: GRPOConfig) -> list[Task]:
+    """The tasks of GRPO step ``step`` (0-based): consecutive slices of per-epoch shuffles."""
+    n = len(tasks)
+    out = []
+    for pos in range(step * cfg.tasks_per_step, (step + 1) * cfg.tasks_per_step):
+        epoch, i = divmod(pos, n)
+        order = list(range(n))
+        random.Random(cfg.seed * 1_000_003 + epoch).shuffle(order)
+        out.append(tasks[order[i]])
+    return out
+
+
+def step_episodes(
+    cfg: GRPOConfig, env: Environment, tasks: list[Task], step: int, tokenizer: Any
+) -> list[Episode]:
+    episodes = []
+    for k, task in enumerate(tasks):
+        for arm in cfg.arms:
+            for g in range(cfg.group_size):
+                # k tells apart a task drawn twice in one step (a split smaller than the step)
+                eid = f"s{step + 1}/{k}/" + episode_id(task.id, arm, g)
+                seed = cfg.seed * 1_000_003 + zlib.crc32(eid.encode())
+                episodes.append(
+                    Episode(
+                        eid,
+                        env,
+                        task,
+                        arm,
+                        tokenizer,
+                        agent=cfg.agent,
+                        sampling=cfg.sampling,
+                        sample=g,
+                        seed=seed,
+                        model=cfg.model.name,
+                    )
+                )
+    return episodes
+
+
+def _group_key(ep_id: str) -> str:
+    """Episodes ``s3/0/task#arm#g`` of one group share ``s3/0/task#arm``."""
+    return ep_id.rsplit("#", 1)[0]
+
+
+def token_batches(samples: list[Sample], budget: int, max_len: int) -> list[list[int]]:
+    """Indices of ``samples`` in micro-batches of at most ``budget`` padded tokens (in order of
+    length, so padding is small; a sample longer than the budget is a batch alone)."""
+    order = sorted(range(len(samples)), key=lambda i: len(samples[i].token_ids))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        n = min(len(samples[i].token_ids), max_len)
+        if cur and n * (len(cur) + 1) > budget:
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def collate(
+    samples: list[Sample], advantages: list[float], max_len: int, pad_id: int, device: Any
+) -> dict[str, torch.Tensor]:
+    T = max(min(len(s.token_ids), max_len) for s in samples)
+    B = len(samples)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attn = torch.zeros(B, T, dtype=torch.long)
+    mask = torch.zeros(B, T, dtype=torch.long)
+    engine_lp = torch.zeros(B, T)
+    for b, s in enumerate(samples):
+        n = min(len(s.token_ids), T)
+        ids[b, :n] = torch.tensor(s.token_ids[:n])
+        attn[b, :n] = 1
+        mask[b, :n] = torch.tensor(s.loss_mask[:n])
+        engine_lp[b, :n] = torch.tensor(s.old_logprobs[:n])
+    mask[:, 0] = 0
+    out = {
+        "input_ids": ids,
+        "attention_mask": attn,
+        "loss_mask": mask,
+        "engine_logprobs": engine_lp,
+        "advantages": torch.tensor(advantages, dtype=torch.float32),
+    }
+    return {k: v.to(device) for k, v in out.items()}
+
+
+def _forward(model: Any, batch: dict[str, torch.Tensor], temperature: float):
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logits = logits.float() / temperature
+    return logits, token_logprobs(logits, batch["input_ids"])
+
+
+def _entropy(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean entropy of the next-token distribution at the target tokens."""
+    with torch.no_grad():
+        logp = torch.log_softmax(logits[:, :-1], dim=-1)
+        ent = -(logp.exp() * logp).sum(-1)
+        m = mask[:, 1:].float()
+        return (ent * m).sum() / m.sum().clamp(min=1.0)
+
+
+def rollout_metrics(trajs: list[Trajectory], terms: list[dict[str, float]]) -> dict[str, float]:
+    n = max(1, len(trajs))
+    out = {f"reward/{k}": sum(t[k] for t in terms) / n for k in (terms[0] if terms else {})}
+    prompt = sum(t.metrics.get("prompt_tokens", 0) for t in trajs)
+    out |= {
+        "rollout/success": sum(t.score >= 1.0 for t in trajs) / n,
+        "rollout/score": sum(t.score for t in trajs) / n,
+        "rollout/peak_context_tokens": sum(t.metrics.get("peak_context_tokens", 0) for t in trajs)
+        / n,
+        "rollout/compactions": sum(t.metrics.get("compactions", 0) for t in trajs) / n,
+        "rollout/tool_calls": sum(t.metrics.get("tool_calls", 0) for t in trajs) / n,
+        "rollout/overflow": sum(t.status == "overflow" for t in trajs) / n,
+        "rollout/cache_reuse": sum(t.metrics.get("reused_tokens", 0) for t in trajs)
+        / max(1, prompt),
+    }
+    return out
+
+
+class GRPOTrainer:
+    """The state of one GRPO run; :func:`run_grpo` drives it."""
+
+    def __init__(
+        self, cfg: GRPOConfig, *, resume: bool = False, env: Environment | None = None
+    ) -> None:
+        from accelerate import Accelerator
+
+        from acmrl.engines.hf import HFEngine
+
+        torch.manual_seed(cfg.seed)
+        self.cfg = cfg
+        self.out = Path(cfg.output)
+        ckpt = latest_checkpoint(self.out) if resume else None
+        if resume and ckpt is None:
+            raise ValueError(f"--resume: no complete checkpoint under {self.out}/checkpoints")
+        self.env = env or load(cfg.env.name, **cfg.env.options)
+        self.tasks = self.env.tasks(cfg.env.split)[: cfg.env.limit]
+        if not self.tasks:
+            raise ValueError(f"env {cfg.env.name!r} split {cfg.env.split!r} has no tasks")
+        self.acc = Accelerator(
+            cpu=not torch.cuda.is_available(),
+            log_with=cfg.log_with or None,
+            project_dir=str(self.out),
+        )
+        model, self.tok, self.started_from_adapter = build_model(cfg, ckpt)
+        self.ref = None
+        if cfg.kl_coef > 0 and not cfg.lora.enabled:
+            self.ref = copy.deepcopy(model).eval().requires_grad_(False)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(
+            self.params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
+        )
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg.optim))
+        self.state: dict[str, Any] = {"step": 0, "losses": [], "rewards": []}
+        if ckpt is not None:
+            self.state = load_training_state(ckpt, self.opt, self.sched)
+        self.model, self.opt = self.acc.prepare(model, self.opt)
+        if self.ref is not None:
+            self.ref.to(self.acc.device)
+        # the engine samples from the very parameters being trained (PEFT injects its LoRA
+        # layers into the base model, so generating with the base model uses them)
+        inner = self.acc.unwrap_model(self.model)
+        gen_model = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+        self.engine = HFEngine(
+            gen_model,
+            self.tok,
+            reuse_cache=cfg.engine.reuse_cache,
+            max_batch=cfg.engine.max_batch,
+            max_sessions=max(64, cfg.concurrency),
+            seed=cfg.seed,
+        )
+        self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
+        self.weights = RewardWeights(
+            success=cfg.reward.success,
+            compaction_cost=cfg.reward.compaction_cost,
+            malformed=cfg.reward.malformed,
+            compress_loops=cfg.reward.compress_loops,
+        )
+        self.log = (
+            JsonlLog(self.out / f"rollouts-rank{self.acc.process_index}.jsonl", "episode_id")
+            if cfg.save_rollouts
+            else None
+        )
+
+    # -- one step ---------------------------------------------------------------------------------
+
+    def rollout(self, step: int) -> tuple[list[Episode], float]:
+        cfg = self.cfg
+        tasks = step_tasks(self.tasks, step, cfg)[self.acc.process_index :: self.acc.num_processes]
+        episodes = step_episodes(cfg, self.env, tasks, step, self.tok)
+        self.model.eval()
+        t0 = time.perf_counter()
+        run_episodes(episodes, self.engine, concurrency=cfg.concurrency)
+        return episodes, time.perf_counter() - t0
+
+    def advantages(
+        self, episodes: list[Episode]
+    ) -> tuple[list[float], list[float], list[dict[str, float]]]:
+        rewards, terms = [], []
+        for ep in episodes:
+            r, t = trajectory_reward(ep.traj.to_dict(), ep.budget, self.weights)
+            if self.cfg.reward.success_threshold is not None:
+                t["success"] = float(ep.traj.score >= self.cfg.reward.success_threshold)
+                r = r - self.weights.success * (ep.traj.score - t["success"])
+            rewards.append(r)
+            terms.append(t)
+        keys = {k: i for i, k in enumerate(dict.fromkeys(_group_key(e.id) for e in episodes))}
+        groups = torch.tensor([keys[_group_key(e.id)] for e in episodes])
+        adv = group_advantages(torch.tensor(rewards), groups, self.cfg.scale_advantages)
+        return rewards, adv.tolist(), terms
+
+    def samples(
+        self, episodes: list[Episode], adv: list[float]
+    ) -> tuple[list[Sample], list[float], int]:
+        samples, sample_adv, flat = [], [], 0
+        for ep, a in zip(episodes, adv, strict=True):
+            if a == 0.0 and self.cfg.skip_flat_groups and self.cfg.kl_coef == 0:
+                flat += 1
+                continue
+            for s in trajectory_samples(ep.traj, helpers=self.cfg.train_helpers):
+                if any(s.loss_mask[1 : self.cfg.max_len]):
+                    samples.append(s)
+                    sample_adv.append(a)
+        return samples, sample_adv, flat
+
+    def update(self, samples: list[Sample], adv: list[float]) -> dict[str, float]:
+        """``updates_per_step`` optimiser steps on the step's samples; returns the last's metrics."""
+        cfg, acc = self.cfg, self.acc
+        T = cfg.sampling.temperature
+        batches = [
+            collate(
+                [samples[i] for i in idx],
+                [adv[i] for i in idx],
+                cfg.max_len,
+                self.pad,
+                acc.device,
+            )
+            for idx in token_batches(samples, cfg.optim.batch_tokens, cfg.max_len)
+        ]
+        n_total = sum(float(b["loss_mask"].sum()) for b in batches)
+        # old and reference logprobs, before any update
+        self.model.eval()
+        mismatch = 0.0
+        with torch.no_grad():
+            for b in batches:
+                if cfg.old_logprobs == "recompute":
+                    _, lp = _forward(self.model, b, T)
+                    m = b["loss_mask"].float()
+                    mismatch += float(((lp - b["engine_logprobs"]).abs() * m).sum())
+                    b["old_logprobs"] = lp
+                else:
+                    b["old_logprobs"] = b["engine_logprobs"]
+                if cfg.kl_coef > 0:
+                    b["ref_logprobs"] = self._ref_logprobs(b, T)
+        self.model.train()
+        metrics: dict[str, float] = {}
+        for _ in range(cfg.updates_per_step):
+            sums = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio": 0.0, "entropy": 0.0}
+            for b in batches:
+                logits, lp = _forward(self.model, b, T)
+                out = grpo_loss(
+                    lp,
+                    b["old_logprobs"],
+                    b["advantages"],
+                    b["loss_mask"],
+                    clip_eps=cfg.clip_eps,
+                    ref_logprobs=b.get("ref_logprobs"),
+                    kl_coef=cfg.kl_coef,
+                )
+                share = float(b["loss_mask"].sum()) / max(1.0, n_total)
+                acc.backward(out.loss * share)  # token-level mean over the whole step's batch
+                sums["loss"] += float(out.loss.detach()) * share
+                sums["kl"] += float(out.kl.detach()) * share
+                sums["clip_fraction"] += float(out.clip_fraction) * share
+                sums["ratio"] += float(out.ratio_mean.detach()) * share
+                sums["entropy"] += float(_entropy(logits, b["loss_mask"])) * share
+                del logits
+            if cfg.optim.max_grad_norm:
+                metrics["grad_norm"] = float(
+                    acc.clip_grad_norm_(self.params, cfg.optim.max_grad_norm)
+                )
+            self.opt.step()
+            self.sched.step()
+            self.opt.zero_grad()
+            metrics |= {f"train/{k}": v for k, v in sums.items()}
+        metrics["train/logprob_mismatch"] = mismatch / max(1.0, n_total)
+        metrics["train/target_tokens"] = n_total
+        metrics["train/tokens"] = sum(float(b["attention_mask"].sum()) for b in batches)
+        return metrics
+
+    def _ref_logprobs(self, b: dict[str, torch.Tensor], T: float) -> torch.Tensor:
+        if self.ref is not None:
+            return _forward(self.ref, b, T)[1]
+        inner = self.acc.unwrap_model(self.model)
+        with inner.disable_adapter() if hasattr(inner, "disable_adapter") else nullcontext():
+            return _forward(self.model, b, T)[1]
+
+    def step(self, step: int) -> dict[str, Any]:
+        """GRPO step ``step`` (0-based); returns its metrics."""
+        episodes, rollout_s = self.rollout(step)
+        if self.log is not None:
+            for ep in episodes:
+                if ep.id not in self.log.done:
+                    self.log.write(ep.traj.to_dict())
+        rewards, adv, terms = self.advantages(episodes)
+        samples, sample_adv, flat = self.samples(episodes, adv)
+        t0 = time.perf_counter()
+        n_any = int(self.acc.gather(torch.tensor([len(samples)], device=self.acc.device)).sum())
+        metrics: dict[str, Any]
+        if samples:
+            metrics = self.update(samples, sample_adv)
+        elif n_any:  # other processes learn: take part in their all-reduce with a zero gradient
+            metrics = self.update_nothing()
+        else:  # every group flat everywhere: no gradient, so no optimiser step (Adam's momentum
+            # would keep moving the weights); the schedule advances as the step counts
+            self.sched.step()
+            metrics = {"train/loss": 0.0, "train/target_tokens": 0.0, "train/tokens": 0.0}
+        train_s = time.perf_counter() - t0
+        gen_tokens = sum(
+            len(c.completion_ids)
+            for ep in episodes
+            for s in ep.traj.steps
+            for c in ([s.call] if s.call else []) + list(s.helper_calls)
+        )
+        metrics |= rollout_metrics([e.traj for e in episodes], terms)
+        metrics |= {
+            "reward/mean": sum(rewards) / len(rewards),
+            "reward/std": float(torch.tensor(rewards).std(unbiased=False)),
+            "rollout/episodes": len(episodes),
+            "rollout/flat_episodes": flat,
+            "rollout/seconds": rollout_s,
+            "rollout/gen_tokens_per_s": gen_tokens / max(1e-9, rollout_s),
+            "train/seconds": train_s,
+            "train/tokens_per_s": metrics.get("train/tokens", 0) / max(1e-9, train_s),
+            "train/samples": len(samples),
+            "lr": self.sched.get_last_lr()[0],
+        }
+        return metrics
+
+    def update_nothing(self) -> dict[str, float]:
+        """A step without samples: a zero-gradient backward (DDP needs every process to take
+        part), then the optimiser and scheduler step as usual."""
+        b = collate(
+            [Sample("none", 0, [self.pad, self.pad], [0, 0], [0, 0], [0.0, 0.0])],
+            [0.0],
+            self.cfg.max_len,
+            self.pad,
+            self.acc.device,
+        )
+        self.model.train()
+        logits, _ = _forward(self.model, b, self.cfg.sampling.temperature)
+        self.acc.backward(logits.sum() * 0.0)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad()
+        return {"train/loss": 0.0, "train/target_tokens": 0.0, "train/tokens": 0.0}
+
+    # -- checkpoints ------------------------------------------------------------------------------
+
+    def save(self, step: int) -> None:
+        if self.acc.is_main_process:
+            save_checkpoint(
+                self.out,
+                step,
+                self.acc.unwrap_model(self.model),
+                self.opt,
+                self.sched,
+                {
+                    "losses": self.state["losses"][-1000:],
+                    "rewards": self.state["rewards"][-1000:],
+                },
+            )
+        self.acc.wait_for_everyone()
+
+    def save_final(self) -> Path:
+        final = self.out / "final"
+        if self.acc.is_main_process:
+            model = self.acc.unwrap_model(self.model)
+            if self.started_from_adapter and hasattr(model, "merge_and_unload"):
+                # the adapter was trained on top of a merged SFT adapter: save the whole policy
+                model = copy.deepcopy(model).merge_and_unload()
+            model.save_pretrained(final)
+            self.tok.save_pretrained(final)
+        return final
+
+
+def run_grpo(
+    cfg: GRPOConfig,
+    *,
+    resume: bool = False,
+    stop_after: int | None = None,
+    env: Environment | None = None,
+) -> dict[str, Any]:
+    """Train; ``stop_after`` ends the run early after that many steps (tests of ``--resume``).
+    ``env`` replaces the configured environment (tests and library use)."""
+    trainer = GRPOTrainer(cfg, resume=resume, env=env)
+    acc = trainer.acc
+    if cfg.log_with:
+        acc.init_trackers("acmrl-grpo", config={k: str(v) for k, v in to_dict(cfg).items()})
+    step = trainer.state["step"]
+    losses: list[float] = list(trainer.state["losses"])
+    rewards: list[float] = list(trainer.state["rewards"])
+    progress = progress_bar("grpo", acc.is_main_process)
+    bar = progress.add_task("grpo", total=cfg.optim.max_steps, completed=step, info="")
+    progress.start()
+    try:
+        while step < cfg.optim.max_steps:
+            metrics = trainer.step(step)
+            step += 1
+            losses.append(metrics.get("train/loss", 0.0))
+            rewards.append(metrics["reward/mean"])
+            trainer.state |= {"losses": losses, "rewards": rewards}
+            acc.log(metrics, step=step)
+            progress.update(
+                bar,
+                completed=step,
+                info=f"reward {metrics['reward/mean']:.3f} "
+                f"success {metrics['rollout/success']:.2f} loss {losses[-1]:.4f}",
+            )
+            if step % cfg.save_every == 0 or step == cfg.optim.max_steps:
+                trainer.save(step)
+            if stop_after is not None and step >= stop_after:
+                break
+    finally:
+        progress.stop()
+        if trainer.log is not None:
+            trainer.log.close()
+    final = trainer.save_final() if step == cfg.optim.max_steps else None
+    acc.end_training()
+    return {
+        "steps": step,
+        "losses": losses,
+        "rewards": rewards,
+        "output": str(trainer.out),
+        "final": str(final) if final else None,
+        "processes": acc.num_processes,
+        "rank": acc.process_index,
+    }
