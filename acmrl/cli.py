@@ -17,6 +17,7 @@ import typer
 from acmrl.config import (
     AnnotateConfig,
     ConfigError,
+    ExportConfig,
     GenerateConfig,
     GRPOConfig,
     RolloutConfig,
@@ -258,10 +259,18 @@ def eval_(config: ConfigOpt = None, overrides: Overrides = None) -> None:
     _not_yet("eval", 8)
 
 
-@app.command(hidden=True)
+@app.command()
 def export(config: ConfigOpt = None, overrides: Overrides = None) -> None:
-    """Export a merged checkpoint with its model card (not yet available)."""
-    _not_yet("export", 7)
+    """Export a trained policy: merged safetensors, chat template, generation config, model card."""
+    cfg = _load(ExportConfig, config, overrides)
+    from acmrl.models import ModelError
+    from acmrl.train.export import run_export
+
+    try:
+        out = run_export(cfg)
+    except (ModelError, ValueError) as exc:
+        fail(str(exc))
+    typer.echo(f"exported: {out} (model card: {out}/README.md)")
 
 
 @app.command(hidden=True)

@@ -611,6 +611,29 @@ class GRPOConfig:
             )
 
 
+@dataclasses.dataclass
+class ExportConfig:
+    """`acmrl export`: a merged Hugging Face folder with its chat template and model card."""
+
+    model: ModelConfig = section(
+        ModelConfig, "the trained policy: an adapter folder (merged into its base) or a model"
+    )
+    arm: str = option("acm", "the arm the policy was trained for: its system prompt and tools")
+    env: EnvConfig = section(EnvConfig, "the environment whose tools go into the card")
+    agent: AgentConfig = section(AgentConfig, "the agent settings (the context budget)")
+    eval_dir: str | None = option(
+        None, "a folder written by acmrl eval; its report.md goes into the model card"
+    )
+    output: str = option("runs/export", "the exported folder (replaced atomically)")
+    max_logit_diff: float = option(
+        1e-3, "most the reloaded export's logits may differ from the trained model's", min=0.0
+    )
+
+    def check(self) -> None:
+        if self.arm not in ARMS:
+            raise ConfigError(f"arm: got {self.arm!r}, must be one of {', '.join(ARMS)}")
+
+
 # `configs/<command>*.yaml` holds configs for that command (checked by the tests)
 COMMAND_CONFIGS: dict[str, type] = {
     "generate": GenerateConfig,
@@ -619,6 +642,7 @@ COMMAND_CONFIGS: dict[str, type] = {
     "annotate": AnnotateConfig,
     "sft": SFTConfig,
     "grpo": GRPOConfig,
+    "export": ExportConfig,
 }
 
 

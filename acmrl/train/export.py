@@ -1,0 +1,150 @@
+"""``acmrl export``: a trained policy as one self-contained Hugging Face folder.
+
+The folder holds the merged weights (an adapter is folded into its base) as safetensors; the
+tokenizer with the tool-capable chat template the agent was trained with; a generation config
+whose end-of-turn tokens stop generation; ``acmrl.json`` (the arm, context budget, system
+prompt and tool schemas the agent expects); and a model card (``README.md``) with the same
+prompt and tools and the latest eval table. ``AutoModelForCausalLM.from_pretrained`` loads it and
+``acmrl rollout model.name=FOLDER`` runs it.
+
+The folder is written next to its destination and published by one rename; before that, the
+exported weights are reloaded and their logits compared with the trained model's on the agent's
+first prompt, so a broken export never replaces a good one.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from acmrl.config import ExportConfig, to_dict
+from acmrl.context.evolve import EVOLVE_TOOL_SCHEMA, STATE_PROMPT
+from acmrl.context.render import Renderer
+from acmrl.envs import load
+from acmrl.rollout import prompts
+from acmrl.train.common import adapter_base, load_start_model
+
+
+def agent_spec(cfg: ExportConfig) -> dict[str, Any]:
+    """The system prompt, tools and budget an agent of ``cfg.arm`` sees on ``cfg.env``."""
+    env = load(cfg.env.name, **cfg.env.options)
+    task = env.tasks(cfg.env.split)[0]
+    budget = cfg.agent.max_context_tokens or env.max_context_tokens or 8192
+    extra = {"acm": prompts.ACM_TOOLS, "evolve": [EVOLVE_TOOL_SCHEMA]}.get(cfg.arm, [])
+    return {
+        "arm": cfg.arm,
+        "env": cfg.env.name,
+        "max_context_tokens": budget,
+        "system_prompt": prompts.system_prompt(cfg.arm, budget, STATE_PROMPT),
+        "tools": [*env.session(task).tools, *extra],
+        "example_task": task.prompt,
+    }
+
+
+def _eval_table(eval_dir: str | None) -> str:
+    if not eval_dir:
+        return "No evaluation was attached to this export (`acmrl export eval_dir=...`)."
+    report = Path(eval_dir) / "report.md"
+    if not report.is_file():
+        raise ValueError(f"eval_dir {eval_dir!r} has no report.md: give a folder acmrl eval wrote")
+    return report.read_text().strip()
+
+
+def model_card(spec: dict[str, Any], source: str, base: str | None, eval_table: str) -> str:
+    tools = json.dumps(spec["tools"], indent=2)
+    front = ["---", "library_name: transformers", "tags: [acmrl, agent, context-management]"]
+    if base:
+        front.append(f"base_model: {base}")
+    front.append("---")
+    return "\n".join(
+        [
+            *front,
+            "",
+            f"# acmrl policy: `{spec['arm']}` agent on `{spec['env']}`",
+            "",
+            f"Exported by `acmrl export` from `{source}`"
+            + (f" (adapter merged into `{base}`)." if base else "."),
+            "The agent manages its own context within a budget of "
+            f"{spec['max_context_tokens']} tokens (system prompt and tool definitions included).",
+            "",
+            "## Use",
+            "",
+            "```bash",
+            "acmrl rollout model.name=THIS_FOLDER arms=[" + spec["arm"] + "]",
+            "```",
+            "",
+            "or with transformers: render the conversation with the tokenizer's chat template, "
+            "passing the tools below, and generate; the model answers with "
+            "`<tool_call>{...}</tool_call>` blocks.",
+            "",
+            "## System prompt",
+            "",
+            "```text",
+            spec["system_prompt"],
+            "```",
+            "",
+            "## Tools",
+            "",
+            "```json",
+            tools,
+            "```",
+            "",
+            "## Evaluation",
+            "",
+            eval_table,
+            "",
+        ]
+    )
+
+
+def _first_prompt(tok: Any, spec: dict[str, Any]) -> list[int]:
+    renderer = Renderer(tok, spec["system_prompt"], spec["tools"])
+    from acmrl.context.state import user
+
+    return renderer.ids([user(spec["example_task"])])
+
+
+def run_export(cfg: ExportConfig) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from acmrl.models import resolve_model
+
+    spec = agent_spec(cfg)
+    eval_table = _eval_table(cfg.eval_dir)
+    model, tok, _ = load_start_model(cfg.model)
+    base = adapter_base(resolve_model(cfg.model.name))
+    tok.chat_template = Renderer(tok).chat_template
+    gen = model.generation_config
+    # generation stops at the end of the assistant's turn (<|im_end|> in the ChatML template)
+    eos = {tok.eos_token_id, tok.get_vocab().get("<|im_end|>")}
+    gen.eos_token_id = sorted(e for e in eos if e is not None)
+    gen.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else gen.eos_token_id[0]
+
+    out = Path(cfg.output)
+    tmp = out.parent / f".tmp-{out.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    (tmp / "acmrl.json").write_text(json.dumps({**spec, "source": cfg.model.name}, indent=1))
+    (tmp / "README.md").write_text(model_card(spec, cfg.model.name, base, eval_table))
+    (tmp / "export_config.json").write_text(json.dumps(to_dict(cfg), indent=1, default=str))
+
+    # the reloaded folder must compute what the trained model computes
+    ids = torch.tensor([_first_prompt(tok, spec)], device=model.device)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=model.dtype).to(model.device)
+    with torch.no_grad():
+        want = model(input_ids=ids).logits[0, -1].float()
+        got = reloaded(input_ids=ids).logits[0, -1].float()
+    diff = float((want - got).abs().max())
+    if diff > cfg.max_logit_diff:
+        raise ValueError(
+            f"export check failed: the reloaded model's logits differ by {diff:.3g} "
+            f"(> {cfg.max_logit_diff}); {tmp} is kept for inspection, {out} is untouched"
+        )
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out

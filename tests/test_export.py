@@ -1,0 +1,103 @@
+"""acmrl export: merged safetensors that transformers loads and acmrl rollout runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from acmrl.config import ExportConfig
+from acmrl.context.render import acmrl_chat_template
+from acmrl.train.export import run_export
+
+
+@pytest.fixture(scope="module")
+def adapter(tmp_path_factory, tiny_model_dir):
+    """A LoRA adapter over the tiny model with non-zero weights (a fresh one is a no-op)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    peft = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    out = tmp_path_factory.mktemp("adapter") / "final"
+    peft.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(out)
+    return out
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits[0, -1]
+
+
+def test_export_merges_the_adapter_and_writes_a_complete_folder(tmp_path, adapter, tiny_model_dir):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    cfg = ExportConfig(output=str(tmp_path / "export"))
+    cfg.model.name = str(adapter)
+    cfg.env.options = {"preset": "tiny", "seed": 0}
+    out = run_export(cfg)
+    assert (out / "model.safetensors").exists()
+    assert not (out / "adapter_config.json").exists()
+    assert not list(tmp_path.glob(".tmp-*"))  # published by rename
+
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok.chat_template == acmrl_chat_template()
+    gen = GenerationConfig.from_pretrained(out)
+    assert tok.convert_tokens_to_ids("<|im_end|>") in gen.eos_token_id
+
+    ids = tok.encode("Where was the Amber Kite Fair held?")
+    exported = AutoModelForCausalLM.from_pretrained(out)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    trained = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), adapter
+    )
+    assert torch.allclose(_logits(exported, ids), _logits(trained, ids), atol=1e-4)
+    assert not torch.allclose(_logits(exported, ids), _logits(base, ids), atol=1e-2)
+
+    spec = json.loads((out / "acmrl.json").read_text())
+    assert spec["arm"] == "acm" and spec["max_context_tokens"] == 1024
+    names = [t["function"]["name"] for t in spec["tools"]]
+    assert {"search", "answer", "manage_context", "query_memory"} <= set(names)
+    card = (out / "README.md").read_text()
+    assert spec["system_prompt"] in card and '"manage_context"' in card
+    assert "base_model:" in card
+
+
+def test_exported_folder_runs_under_acmrl_rollout(tmp_path, adapter):
+    from typer.testing import CliRunner
+
+    from acmrl.cli import app
+
+    cfg = ExportConfig(output=str(tmp_path / "export"))
+    cfg.model.name = str(adapter)
+    cfg.env.options = {"preset": "tiny", "seed": 0}
+    out = run_export(cfg)
+    traj = tmp_path / "rollout" / "trajectories.jsonl"
+    args = [
+        "rollout",
+        f"model.name={out}",
+        "env.options={preset: tiny}",
+        "env.limit=1",
+        "arms=[acm]",
+        "agent.max_turns=2",
+        "sampling.max_new_tokens=8",
+        f"output={traj}",
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(traj.read_text().splitlines()[0])["arm"] == "acm"
+
+
+def test_export_refuses_an_eval_dir_without_a_report(tmp_path, adapter):
+    cfg = ExportConfig(output=str(tmp_path / "export"), eval_dir=str(tmp_path))
+    cfg.model.name = str(adapter)
+    with pytest.raises(ValueError, match=r"no report\.md"):
+        run_export(cfg)
