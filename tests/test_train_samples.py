@@ -47,3 +47,15 @@ def test_teacher_tokens_are_targets_without_behaviour_logprobs():
     assert sample.loss_mask == [0, 0, 1, 0, 1, 1]
     assert sample.old_logprobs[-2:] == [0.0, 0.0]
     assert sample.weight == 1.0  # it holds the teacher's turn
+
+
+def test_helper_calls_become_samples_on_request_and_pack_false_splits_turns():
+    s1 = Step(0, call([1, 2], [3]))
+    s2 = Step(1, call([1, 2, 3, 4], [5]), helper_calls=[call([7, 7], [8, 9], role="summariser")])
+    assert len(trajectory_samples(traj([s1, s2]))) == 1  # helpers left out by default
+    _, helper = trajectory_samples(traj([s1, s2]), helpers=True)
+    assert helper.token_ids == [7, 7, 8, 9] and helper.loss_mask == [0, 0, 1, 1]
+    assert helper.origin == [ENV, ENV, POLICY, POLICY] and helper.old_logprobs[-1] == -0.5
+    one, two = trajectory_samples(traj([s1, s2]), pack=False)
+    assert one.token_ids == [1, 2, 3] and two.token_ids == [1, 2, 3, 4, 5]
+    assert two.loss_mask == [0, 0, 0, 0, 1]  # the earlier turn is context, not a target again

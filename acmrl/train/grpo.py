@@ -75,7 +75,7 @@ from acmrl.rollout.records import Trajectory
 from acmrl.rollout.worker import JsonlLog, episode_id, run_episodes
 from acmrl.train.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
 from acmrl.train.common import build_model, lr_lambda, progress_bar
-from acmrl.train.loss import group_advantages, grpo_loss, token_logprobs
+from acmrl.train.loss import entropy, group_advantages, grpo_loss, target_logprobs
 from acmrl.train.samples import Sample, trajectory_samples
 
 
@@ -167,18 +167,10 @@ def collate(
 
 
 def _forward(model: Any, batch: dict[str, torch.Tensor], temperature: float):
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    logits = logits.float() / temperature
-    return logits, token_logprobs(logits, batch["input_ids"])
-
-
-def _entropy(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean entropy of the next-token distribution at the target tokens."""
-    with torch.no_grad():
-        logp = torch.log_softmax(logits[:, :-1], dim=-1)
-        ent = -(logp.exp() * logp).sum(-1)
-        m = mask[:, 1:].float()
-        return (ent * m).sum() / m.sum().clamp(min=1.0)
+    lp, logits = target_logprobs(
+        model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"], temperature
+    )
+    return logits, lp
 
 
 def rollout_metrics(trajs: list[Trajectory], terms: list[dict[str, float]]) -> dict[str, float]:
@@ -355,7 +347,7 @@ class GRPOTrainer:
                 sums["kl"] += float(out.kl.detach()) * share
                 sums["clip_fraction"] += float(out.clip_fraction) * share
                 sums["ratio"] += float(out.ratio_mean.detach()) * share
-                sums["entropy"] += float(_entropy(logits, b["loss_mask"])) * share
+                sums["entropy"] += float(entropy(logits)) * share
                 del logits
             if cfg.optim.max_grad_norm:
                 metrics["grad_norm"] = float(
@@ -430,7 +422,7 @@ class GRPOTrainer:
             self.acc.device,
         )
         self.model.train()
-        logits, _ = _forward(self.model, b, self.cfg.sampling.temperature)
+        logits = self.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
         self.acc.backward(logits.sum() * 0.0)
         self.opt.step()
         self.sched.step()

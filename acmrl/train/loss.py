@@ -25,6 +25,39 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     return F.pad(picked, (1, 0))
 
 
+def target_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    mask: torch.Tensor,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, T]`` log-probabilities of the target tokens (0 elsewhere), and the ``[N, V]`` logits
+    of the N target positions, projecting onto the vocabulary only where a target is predicted.
+
+    Prompts are most of a GRPO sample; skipping their vocabulary projection (``logits_to_keep``
+    as a boolean mask) saves most of the logits' time and memory. Logits are divided by
+    ``temperature`` so the distribution is the one that was sampled from.
+    """
+    tmask = torch.zeros_like(mask, dtype=torch.bool)
+    tmask[:, 1:] = mask[:, 1:].bool()
+    keep = torch.zeros_like(tmask)
+    keep[:, :-1] = tmask[:, 1:]  # position t predicts token t + 1
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
+    logits = logits.reshape(-1, logits.shape[-1]).float() / temperature
+    targets = input_ids[tmask]
+    picked = logits.gather(-1, targets[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+    full = torch.zeros(mask.shape, dtype=picked.dtype, device=picked.device)
+    return full.masked_scatter(tmask, picked), logits
+
+
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Mean entropy of ``[N, V]`` next-token distributions (no gradient)."""
+    with torch.no_grad():
+        logp = torch.log_softmax(logits, dim=-1)
+        return -(logp.exp() * logp).sum(-1).mean() if len(logits) else logits.new_zeros(())
+
+
 def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Weighted negative log-likelihood of the target tokens: sum(w_b * mask * -logp) / sum(mask).
 

@@ -50,7 +50,8 @@ class Sample:
         return asdict(self)
 
 
-def trajectory_samples(traj: Trajectory, helpers: bool = False) -> list[Sample]:
+def trajectory_samples(traj: Trajectory, helpers: bool = False, pack: bool = True) -> list[Sample]:
+    """The samples of ``traj``; ``pack=False`` gives one sample per call (for comparisons)."""
     samples: list[Sample] = []
     cur: Sample | None = None
     helper_calls = []
@@ -61,7 +62,7 @@ def trajectory_samples(traj: Trajectory, helpers: bool = False) -> list[Sample]:
             continue
         origin = TEACHER if call.role == "teacher" else POLICY
         n = len(cur.token_ids) if cur else 0
-        if cur is not None and call.prompt_ids[:n] == cur.token_ids:
+        if pack and cur is not None and call.prompt_ids[:n] == cur.token_ids:
             cur.extend(call.prompt_ids[n:], ENV)
         else:
             cur = Sample(traj.episode_id, len(samples))
