@@ -78,3 +78,30 @@ def test_bad_dataset_is_a_clear_error(tmp_path, tiny_model_dir):
         run_sft(cfg)
     with pytest.raises(ValueError, match="no complete checkpoint"):
         run_sft(cfg, resume=True)
+
+
+def test_kl_to_the_teacher_topk_adds_to_the_loss(tmp_path, tiny_model_dir):
+    """With stored teacher top-k (here the tiny model itself) and kl_coef > 0 the loss grows by a
+    positive KL term; the first step's NLL is the same either way (same weights, same batch)."""
+    from transformers import AutoTokenizer
+
+    from acmrl.config import AnnotateConfig
+    from acmrl.engines.scripted import ScriptedEngine
+    from acmrl.teacher.annotate import run_annotate
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+
+    def reply(session_id: str, prompt: str) -> str:
+        return "I think it is the Amber Kite Fair."
+
+    ann = AnnotateConfig(output=str(tmp_path / "ann"), resumes=1)
+    ann.env.options = {"preset": "tiny", "seed": 0}
+    ann.env.split, ann.env.limit = "train", 2
+    ann.agent.max_turns = 2
+    ann.teacher.topk, ann.teacher.topk_model = 3, str(tiny_model_dir)
+    run_annotate(ann, engine=ScriptedEngine(tok, reply))
+    plain = run_sft(config(tmp_path / "p", tmp_path / "ann", tiny_model_dir, max_steps=1))
+    cfg = config(tmp_path / "k", tmp_path / "ann", tiny_model_dir, max_steps=1)
+    cfg.kl_coef = 1.0
+    with_kl = run_sft(cfg)
+    assert with_kl["losses"][0] > plain["losses"][0] + 1e-4

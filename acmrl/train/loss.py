@@ -77,12 +77,20 @@ def topk_kl(
     probabilities are renormalised over its top k; the student's are its full-vocabulary
     log-probabilities of those same tokens.
     """
-    student = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    s = student.gather(-1, topk_ids[:, 1:])  # [B, T-1, k]
-    t = torch.log_softmax(topk_logprobs[:, 1:].float(), dim=-1)  # renormalised over the top k
-    kl = (t.exp() * (t - s)).sum(-1)
-    m = mask[:, 1:].float()
-    return (kl * m).sum() / m.sum().clamp(min=1.0)
+    tmask = mask[:, 1:].bool()
+    return topk_kl_at(logits[:, :-1][tmask], topk_ids[:, 1:][tmask], topk_logprobs[:, 1:][tmask])
+
+
+def topk_kl_at(
+    logits: torch.Tensor, topk_ids: torch.Tensor, topk_logprobs: torch.Tensor
+) -> torch.Tensor:
+    """:func:`topk_kl` on the ``[N, V]`` student logits of N target positions (as
+    :func:`target_logprobs` returns them) and the teacher's ``[N, k]`` top-k there."""
+    if not len(logits):
+        return logits.new_zeros(())
+    student = torch.log_softmax(logits.float(), dim=-1).gather(-1, topk_ids)
+    teacher = torch.log_softmax(topk_logprobs.float(), dim=-1)  # renormalised over the top k
+    return (teacher.exp() * (teacher - student)).sum(-1).mean()
 
 
 def group_advantages(

@@ -24,7 +24,7 @@ import torch
 from acmrl.config import SFTConfig, to_dict
 from acmrl.train.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
 from acmrl.train.common import build_model, lr_lambda, progress_bar
-from acmrl.train.loss import sft_loss, token_logprobs, topk_kl
+from acmrl.train.loss import sft_loss, target_logprobs, topk_kl_at
 
 
 def load_samples(cfg: SFTConfig) -> list[dict[str, Any]]:
@@ -78,7 +78,7 @@ def collate(
     ids = torch.full((B, T), pad_id, dtype=torch.long)
     attn = torch.zeros(B, T, dtype=torch.long)
     mask = torch.zeros(B, T, dtype=torch.long)
-    k = max((len(t[0]) for s in samples for t in s.get("teacher_topk_ids", [])[:1]), default=0)
+    k = max((len(t) for s in samples for t in s.get("teacher_topk_ids", [])[:1]), default=0)
     topk_ids = torch.zeros(B, T, max(k, 1), dtype=torch.long)
     topk_lp = torch.zeros(B, T, max(k, 1))
     for b, s in enumerate(samples):
@@ -139,14 +139,15 @@ def run_sft(
             epoch, pos = epoch + 1, 0
             batches = epoch_batches(samples, epoch, cfg)[acc.process_index :: acc.num_processes]
         batch = collate([samples[i] for i in batches[pos]], cfg.max_len, pad, acc.device)
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        lp = token_logprobs(logits, batch["input_ids"])
-        nll = sft_loss(lp, batch["loss_mask"], batch["weights"])
-        kl = (
-            topk_kl(logits, batch["topk_ids"], batch["topk_logprobs"], batch["loss_mask"])
-            if cfg.kl_coef and "topk_ids" in batch
-            else torch.zeros(())
+        lp, logits = target_logprobs(
+            model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
         )
+        nll = sft_loss(lp, batch["loss_mask"], batch["weights"])
+        if cfg.kl_coef and "topk_ids" in batch:
+            tmask = batch["loss_mask"].bool()  # position 0 is never a target (collate)
+            kl = topk_kl_at(logits, batch["topk_ids"][tmask], batch["topk_logprobs"][tmask])
+        else:
+            kl = torch.zeros(())
         loss = nll + cfg.kl_coef * kl
         acc.backward(loss)
         if cfg.optim.max_grad_norm:
