@@ -467,6 +467,9 @@ class AnnotateConfig:
         ["react", "acm"], "student arms per task: without and with context tools"
     )
     resumes: int = option(2, "student continuations from each valid edit", min=1)
+    demonstrations: bool = option(
+        False, "also record one oracle demonstration per task and arm (a warm start for SFT)"
+    )
     resume_temperature: float = option(0.7, "sampling temperature of the continuations", min=0.0)
     seed: int = option(0, "base seed", min=0)
     concurrency: int = option(8, "student episodes in flight at once", min=1)
@@ -511,6 +514,9 @@ class OptimConfig:
         4096, "tokens per batch (padded samples are packed up to this)", min=64
     )
     max_grad_norm: float = option(1.0, "gradient clipping; 0 disables", min=0.0)
+    mixed_precision: Literal["no", "bf16", "fp16"] = option(
+        "no", "autocast the forward passes (accelerate); bf16 is ~1.4x faster on CPUs with AMX"
+    )
 
 
 @dataclasses.dataclass

@@ -200,3 +200,49 @@ def test_teacher_topk_logprobs_on_the_compacted_view(tiny, tiny_model_dir, tmp_p
         top = logp.topk(3)
         assert s["teacher_topk_ids"][-1] == top.indices.tolist()
         assert s["teacher_topk_logprobs"][-1] == pytest.approx(top.values.tolist(), abs=1e-4)
+
+
+def test_demonstrations_are_whole_teacher_episodes(tokenizer):
+    """Under a budget where ReAct overflows, the oracle's demonstrations with manage_context
+    succeed; every policy turn is the teacher's, so every sample target is a teacher token."""
+    from acmrl.config import AgentConfig, SamplingConfig
+    from acmrl.teacher.demonstrate import demonstrate
+    from acmrl.train.samples import ENV, TEACHER, trajectory_samples
+
+    env = load("kb_search", preset="tiny", seed=0)
+    tasks = env.tasks("train")[:6]
+    agent = AgentConfig(max_turns=12, max_context_tokens=1400)
+    demos = demonstrate(
+        env,
+        tasks,
+        ["react", "acm"],
+        tokenizer,
+        agent=agent,
+        sampling=SamplingConfig(),
+        pressure=0.75,
+    )
+    acm = [d for d in demos if d.arm == "acm"]
+    react = [d for d in demos if d.arm == "react"]
+    assert len(acm) == len(react) == 6
+    assert all(d.score == 1.0 and d.metrics["compactions"] >= 1 for d in acm)
+    assert sum(d.status == "overflow" for d in react) >= 3  # the budget is tight without tools
+    for d in demos:
+        assert d.edit["kind"] == "demonstration"
+        assert all(s.call.role == "teacher" for s in d.steps if s.call is not None)
+        for s in trajectory_samples(d):
+            assert set(s.origin) <= {ENV, TEACHER} and s.weight == 1.0
+            assert s.loss_mask == [int(o == TEACHER) for o in s.origin]
+    summaries = [c for d in acm for s in d.steps for c in s.helper_calls]
+    assert summaries and all(c.role == "summariser" for c in summaries)
+
+
+def test_annotate_with_demonstrations_adds_them_to_the_dataset(tiny, tmp_path):
+    from datasets import load_from_disk
+
+    cfg = config(tmp_path, demonstrations=True)
+    cfg.env.limit = 2
+    cfg.agent.max_context_tokens = 1400
+    stats = run_annotate(cfg, engine=student(tiny.tokenizer))
+    assert stats["demonstrations"] == 4  # 2 tasks x 2 arms
+    rows = load_from_disk(f"{cfg.output}/dataset")["trajectories"]
+    assert sum(r == "demonstration" for r in rows["role"]) == 4

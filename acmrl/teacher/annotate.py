@@ -24,6 +24,7 @@ from acmrl.rollout.run import make_engine
 from acmrl.rollout.worker import JsonlLog, run_episodes
 from acmrl.teacher.assessment import Assessment, seen_text, validate
 from acmrl.teacher.dataset import build_dataset
+from acmrl.teacher.demonstrate import demonstrate
 from acmrl.teacher.llm import LLMTeacher
 from acmrl.teacher.oracle import OracleTeacher
 from acmrl.teacher.splice import run_spliced, splice_episodes
@@ -139,6 +140,21 @@ def annotate_tasks(
     resumed = run_spliced(jobs, engine, engine.tokenizer, concurrency=cfg.concurrency)  # type: ignore[attr-defined]
     for record, trajs in zip(owner, resumed, strict=True):
         record["resumed"] += [t.to_dict() for t in trajs]
+    if cfg.demonstrations:
+        demos = demonstrate(
+            env,
+            tasks,
+            cfg.arms,
+            engine.tokenizer,  # type: ignore[attr-defined]
+            agent=cfg.agent,
+            sampling=cfg.sampling,
+            pressure=cfg.teacher.pressure,
+        )
+        by_task: dict[str, list[dict[str, Any]]] = {}
+        for d in demos:
+            by_task.setdefault(d.task_id, []).append(d.to_dict())
+        for record in records:
+            record["demonstrations"] = by_task.get(record["task_id"], [])
     for record in records:
         if topk_model is not None:
             _attach_topk(record, topk_model, cfg.teacher.topk)
@@ -148,7 +164,7 @@ def annotate_tasks(
 def _attach_topk(record: dict[str, Any], model: Any, k: int) -> None:
     """The teacher model's top-k logprobs on every sample of the record's trajectories."""
     record["topk"] = {}
-    for data in record["trajectories"] + record["resumed"]:
+    for data in record["trajectories"] + record["resumed"] + record.get("demonstrations", []):
         samples = [s.to_dict() for s in trajectory_samples(Trajectory.from_dict(data))]
         add_teacher_topk(model, samples, k)
         record["topk"][data["episode_id"]] = [

@@ -42,7 +42,7 @@ def _row(traj: Trajectory, role: str, a: dict[str, Any] | None, n_samples: int) 
         "task_id": traj.task_id,
         "env": traj.env,
         "arm": traj.arm,
-        "role": role,  # student | resumed
+        "role": role,  # student | resumed | demonstration
         "status": traj.status,
         "score": float(traj.score),
         "answer": traj.answer or "",
@@ -68,8 +68,12 @@ def build_dataset(out: str | Path) -> tuple[Any, dict[str, Any]]:
     traj_rows, sample_rows = [], []
     for rec in read_records(out):
         by_source = {a["source"]: a for a in rec["assessments"]}
-        for role, key in (("student", "trajectories"), ("resumed", "resumed")):
-            for data in rec[key]:
+        for role, key in (
+            ("student", "trajectories"),
+            ("resumed", "resumed"),
+            ("demonstration", "demonstrations"),
+        ):
+            for data in rec.get(key, []):
                 traj = Trajectory.from_dict(data)
                 samples = trajectory_samples(traj)
                 traj_rows.append(_row(traj, role, by_source.get(traj.episode_id), len(samples)))
@@ -121,6 +125,10 @@ def card_stats(trajs: list[dict[str, Any]], samples: list[dict[str, Any]]) -> di
         "edited_source_success": sum(t["score"] >= 1.0 for t in edited),
         "resumed_runs": len(resumed),
         "resumed_success": sum(t["score"] >= 1.0 for t in resumed),
+        "demonstrations": sum(t["role"] == "demonstration" for t in trajs),
+        "demonstration_success": sum(
+            t["score"] >= 1.0 for t in trajs if t["role"] == "demonstration"
+        ),
         "samples": len(samples),
         "tokens": sum(len(s["token_ids"]) for s in samples),
         "policy_tokens": origins[POLICY],
@@ -148,7 +156,8 @@ configs:
 
 Student trajectories with and without context tools, the teacher's assessment of each (injection,
 correction or no action, with a first-person rationale), and the student's runs resumed from each
-valid edit. `samples` holds per-turn training samples: `token_ids` exactly as the model read and
+valid edit; with `demonstrations`, one whole episode per task and arm whose every policy turn the
+oracle teacher wrote. `samples` holds per-turn training samples: `token_ids` exactly as the model read and
 wrote them (after any compaction), `loss_mask`, `origin` (0 environment, 1 policy, 2 teacher),
 `old_logprobs`, `weight`.
 

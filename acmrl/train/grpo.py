@@ -213,6 +213,7 @@ class GRPOTrainer:
             raise ValueError(f"env {cfg.env.name!r} split {cfg.env.split!r} has no tasks")
         self.acc = Accelerator(
             cpu=not torch.cuda.is_available(),
+            mixed_precision=cfg.optim.mixed_precision,
             log_with=cfg.log_with or None,
             project_dir=str(self.out),
         )

@@ -113,7 +113,10 @@ def run_sft(
     samples = load_samples(cfg)
     # without a GPU, cpu=True makes a torchrun / accelerate launch of n processes use gloo
     acc = Accelerator(
-        cpu=not torch.cuda.is_available(), log_with=cfg.log_with or None, project_dir=str(out)
+        cpu=not torch.cuda.is_available(),
+        mixed_precision=cfg.optim.mixed_precision,
+        log_with=cfg.log_with or None,
+        project_dir=str(out),
     )
     model, tok, _ = build_model(cfg, ckpt)
     params = [p for p in model.parameters() if p.requires_grad]
