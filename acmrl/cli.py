@@ -17,6 +17,7 @@ import typer
 from acmrl.config import (
     AnnotateConfig,
     ConfigError,
+    EvalConfig,
     ExportConfig,
     GenerateConfig,
     GRPOConfig,
@@ -253,10 +254,41 @@ def grpo(
     typer.echo(f"model: {result['final']} (checkpoints: {cfg.output}/checkpoints)")
 
 
-@app.command(name="eval", hidden=True)
-def eval_(config: ConfigOpt = None, overrides: Overrides = None) -> None:
-    """Evaluate a model per arm and write a report (not yet available)."""
-    _not_yet("eval", 8)
+@app.command(name="eval")
+def eval_(
+    config: ConfigOpt = None,
+    overrides: Overrides = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="compare: write the table here too")
+    ] = None,
+) -> None:
+    """Evaluate a model per arm and write a report; `acmrl eval compare A B` compares two."""
+    args = list(overrides or [])
+    if args and args[0] == "compare":
+        if len(args) != 3:
+            fail("usage: acmrl eval compare RESULTS_A RESULTS_B [--output FILE]")
+        from acmrl.eval.run import compare
+
+        try:
+            typer.echo(compare(args[1], args[2], output))
+        except ValueError as exc:
+            fail(str(exc))
+        return
+    cfg = _load(EvalConfig, config, args)
+    from acmrl.engines.base import EngineError
+    from acmrl.eval.run import run_eval
+    from acmrl.models import ModelError
+
+    try:
+        report = run_eval(cfg)
+    except (ModelError, EngineError, ValueError) as exc:
+        fail(str(exc))
+    from acmrl.eval.run import main_table
+
+    typer.echo(main_table(report))
+    for note in report["notes"]:
+        typer.echo(f"- {note}")
+    typer.echo(f"report: {cfg.output}/report.md (csv, json, plots alongside)")
 
 
 @app.command()

@@ -640,6 +640,38 @@ class ExportConfig:
             raise ConfigError(f"arm: got {self.arm!r}, must be one of {', '.join(ARMS)}")
 
 
+@dataclasses.dataclass
+class EvalConfig:
+    """`acmrl eval`: a model per arm over an eval split; a report with intervals and plots."""
+
+    model: ModelConfig = section(
+        ModelConfig, "the model to evaluate (a folder, an adapter, an alias)"
+    )
+    sampling: SamplingConfig = section(
+        SamplingConfig, "sampling (greedy by default)", stop=["</tool_call>"]
+    )
+    agent: AgentConfig = section(AgentConfig, "the agent loop and context management")
+    env: EnvConfig = section(EnvConfig, "the tasks (the eval split by default)")
+    engine: EngineConfig = section(EngineConfig, "the generation backend")
+    arms: list[str] = option(list(ARMS), "arms to evaluate; react is the baseline of the deltas")
+    samples: int = option(1, "episodes per task and arm (k > 1 adds pass@k)", min=1)
+    seed: int = option(0, "base seed of the episodes' sampling", min=0)
+    concurrency: int = option(8, "episodes in flight at once", min=1)
+    output: str = option("runs/eval", "results folder: episodes, report.md/csv/json, plots")
+    plots: bool = option(True, "write the PNG figures")
+    report_only: bool = option(False, "rebuild the report from the episodes already in output")
+    machine: str | None = option(None, "a description of the machine, printed in the report")
+
+    def check(self) -> None:
+        bad = [a for a in self.arms if a not in ARMS]
+        if bad or not self.arms:
+            raise ConfigError(f"arms: got {self.arms}, each must be one of {', '.join(ARMS)}")
+        if self.samples > 1 and self.sampling.temperature <= 0:
+            raise ConfigError(
+                "samples > 1 needs sampling.temperature > 0: greedy samples are identical"
+            )
+
+
 # `configs/<command>*.yaml` holds configs for that command (checked by the tests)
 COMMAND_CONFIGS: dict[str, type] = {
     "generate": GenerateConfig,
@@ -649,6 +681,7 @@ COMMAND_CONFIGS: dict[str, type] = {
     "sft": SFTConfig,
     "grpo": GRPOConfig,
     "export": ExportConfig,
+    "eval": EvalConfig,
 }
 
 

@@ -125,6 +125,7 @@ class Episode:
         t.score = self.session.score() if status == "answered" else 0.0
         t.final_state = self.state
         t.compute_metrics()
+        t.metrics["budget"] = self.budget
         if self.archive is not None:
             self.archive.close()
 

@@ -120,5 +120,6 @@ class Trajectory:
             "compaction_cost": sum(e.compaction_cost for e in events),
             "cache_cost": sum(e.cache_cost for e in events),
             "wall_s": self.metrics.get("wall_s", 0.0),  # set by the worker: batches share calls
+            "budget": self.metrics.get("budget", 0),  # set by the episode
         }
         return self.metrics

@@ -1,0 +1,300 @@
+"""The numbers of an eval report, from trajectories: per-arm metrics, intervals, differences.
+
+Everything here is a pure function of trajectory records, so a report can be rebuilt from a
+results folder and two folders can be compared without running a model.
+
+Definitions (per arm; an *episode* is one task x sample):
+
+- **Pass@1**: the share of episodes with score >= 1, with a Wilson interval; **pass@k** (k > 1
+  samples per task): the unbiased estimator 1 - C(n-c, k) / C(n, k) per task, averaged.
+- **Tool calls**: well-formed calls per episode (``answer`` and context tools included);
+  **valid-call rate**: the share of policy turns that made at least one well-formed call.
+- **Context tokens**: the complete rendered model input of each policy call (system prompt and
+  tools included); *mean* averages every call of every episode, *peak* is each episode's largest
+  input, averaged over episodes (and its maximum).
+- **Compaction Cost** (DESIGN.md): per episode, the sum over its compactions and memory queries of
+  call tokens x output weight + helper tokens + Cache Cost; also in units of the budget.
+- **Cache reuse**: prompt tokens of policy calls that the engine served from its cache
+  (*measured*), and the most any prefix cache could have served (*bound*: the common prefix of each
+  call's input with the previous call's input and output), both over all policy prompt tokens.
+- **Differences vs react**: absolute and relative, side by side; for Pass@1 a paired bootstrap
+  interval over tasks (the arms run the same tasks).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from acmrl.config import ARMS
+from acmrl.context.prefix import reusable_prefix
+from acmrl.rollout.records import Trajectory
+
+COMPACTIONS = ("manage_context", "evolve", "summary")
+
+
+def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a proportion.
+
+    >>> [round(x, 3) for x in wilson(8, 10)]
+    [0.49, 0.943]
+    >>> wilson(0, 0)
+    (0.0, 1.0)
+    """
+    if n == 0:
+        return (0.0, 1.0)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of a task with ``n`` samples, ``c`` of them correct.
+
+    >>> pass_at_k(4, 1, 1), pass_at_k(4, 1, 2), pass_at_k(4, 0, 4), pass_at_k(4, 2, 4)
+    (0.25, 0.5, 0.0, 1.0)
+    """
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _policy_steps(t: Trajectory) -> list[Any]:
+    return [s for s in t.steps if s.call is not None and s.call.role == "policy"]
+
+
+def cache_figures(t: Trajectory) -> tuple[int, int, int]:
+    """(policy prompt tokens, tokens served from the cache, the most a prefix cache could serve)."""
+    prompt = measured = bound = 0
+    prev: list[int] | None = None
+    for s in _policy_steps(t):
+        c = s.call
+        prompt += len(c.prompt_ids)
+        measured += c.cached_prefix_tokens
+        if prev is not None:
+            bound += reusable_prefix(prev, c.prompt_ids)
+        prev = c.prompt_ids + c.completion_ids
+    return prompt, measured, bound
+
+
+def episode_row(t: Trajectory, budget: int) -> dict[str, Any]:
+    """Per-episode figures of the report (one line of episodes.csv)."""
+    m = t.metrics
+    steps = _policy_steps(t)
+    helpers = [c for s in t.steps for c in s.helper_calls]
+    events = [e for s in t.steps for e in s.events]
+    prompt, measured, bound = cache_figures(t)
+    return {
+        "episode_id": t.episode_id,
+        "task_id": t.task_id,
+        "arm": t.arm,
+        "sample": t.sample,
+        "status": t.status,
+        "score": float(t.score),
+        "success": float(t.score >= 1.0),
+        "turns": len(steps),
+        "valid_turns": sum(bool(s.actions) for s in steps),
+        "malformed_calls": int(m.get("malformed_calls", 0)),
+        "tool_calls": int(m.get("tool_calls", 0)),
+        "mean_context_tokens": float(m.get("mean_context_tokens", 0.0)),
+        "peak_context_tokens": int(m.get("peak_context_tokens", 0)),
+        "budget": budget,
+        "compactions": int(m.get("compactions", 0)),
+        "compaction_cost": float(m.get("compaction_cost", 0.0)),
+        "compaction_at": [
+            e.tokens_before / budget for e in events if e.kind in COMPACTIONS and e.applied
+        ],
+        "cost_call_tokens": sum(e.call_tokens for e in events),
+        "cost_helper_tokens": sum(e.helper_tokens for e in events),
+        "cost_cache_tokens": sum(e.cache_cost for e in events),
+        "policy_prompt_tokens": prompt,
+        "cached_tokens": measured,
+        "reusable_tokens": bound,
+        "summariser_calls": sum(c.role == "summariser" for c in helpers),
+        "summariser_tokens": sum(
+            len(c.prompt_ids) + len(c.completion_ids) for c in helpers if c.role == "summariser"
+        ),
+        "querier_calls": sum(c.role == "querier" for c in helpers),
+        "querier_tokens": sum(
+            len(c.prompt_ids) + len(c.completion_ids) for c in helpers if c.role == "querier"
+        ),
+        "overflow": float(t.status == "overflow"),
+        "wall_s": float(m.get("wall_s", 0.0)),
+    }
+
+
+def _mean(rows: list[dict[str, Any]], key: str) -> float:
+    return sum(r[key] for r in rows) / len(rows) if rows else 0.0
+
+
+@dataclass
+class Paired:
+    """A difference between an arm and the baseline over the same tasks."""
+
+    diff: float
+    low: float
+    high: float
+    tasks: int
+
+
+def paired_bootstrap(
+    a: dict[str, list[float]],
+    b: dict[str, list[float]],
+    *,
+    resamples: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> Paired:
+    """Mean(b) - mean(a) over the tasks both have (each task's samples averaged first), with a
+    percentile bootstrap interval from resampling tasks.
+
+    >>> p = paired_bootstrap({"t1": [0.0], "t2": [0.0]}, {"t1": [1.0], "t2": [1.0]})
+    >>> p.diff, p.low, p.high
+    (1.0, 1.0, 1.0)
+    """
+    tasks = sorted(set(a) & set(b))
+    if not tasks:
+        return Paired(0.0, 0.0, 0.0, 0)
+    d = [sum(b[t]) / len(b[t]) - sum(a[t]) / len(a[t]) for t in tasks]
+    rng = random.Random(seed)
+    stats = sorted(sum(rng.choice(d) for _ in d) / len(d) for _ in range(resamples))
+    lo = stats[int((1 - level) / 2 * resamples)]
+    hi = stats[min(resamples - 1, int((1 + level) / 2 * resamples))]
+    return Paired(sum(d) / len(d), lo, hi, len(tasks))
+
+
+def _by_task(rows: list[dict[str, Any]], key: str = "success") -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        out.setdefault(r["task_id"], []).append(r[key])
+    return out
+
+
+def arm_summary(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
+    n = len(rows)
+    succ = sum(r["success"] for r in rows)
+    lo, hi = wilson(succ, n)
+    turns = sum(r["turns"] for r in rows)
+    prompt = sum(r["policy_prompt_tokens"] for r in rows)
+    by_task = _by_task(rows)
+    out: dict[str, Any] = {
+        "episodes": n,
+        "tasks": len(by_task),
+        "pass@1": succ / n if n else 0.0,
+        "pass@1_low": lo,
+        "pass@1_high": hi,
+        "score": _mean(rows, "score"),
+        "tool_calls": _mean(rows, "tool_calls"),
+        "valid_call_rate": sum(r["valid_turns"] for r in rows) / turns if turns else 0.0,
+        "malformed_per_episode": _mean(rows, "malformed_calls"),
+        "turns": _mean(rows, "turns"),
+        "mean_context_tokens": _mean(rows, "mean_context_tokens"),
+        "peak_context_tokens": _mean(rows, "peak_context_tokens"),
+        "max_peak_context_tokens": max((r["peak_context_tokens"] for r in rows), default=0),
+        "budget": max((r["budget"] for r in rows), default=0),
+        "compactions": _mean(rows, "compactions"),
+        "compaction_cost": _mean(rows, "compaction_cost"),
+        "compaction_cost_budget": sum(r["compaction_cost"] / r["budget"] for r in rows) / n
+        if n
+        else 0.0,
+        "cache_reuse": sum(r["cached_tokens"] for r in rows) / prompt if prompt else 0.0,
+        "cache_reuse_bound": sum(r["reusable_tokens"] for r in rows) / prompt if prompt else 0.0,
+        "summariser_calls": _mean(rows, "summariser_calls"),
+        "summariser_tokens": _mean(rows, "summariser_tokens"),
+        "querier_calls": _mean(rows, "querier_calls"),
+        "querier_tokens": _mean(rows, "querier_tokens"),
+        "overflow": _mean(rows, "overflow"),
+        "wall_s": _mean(rows, "wall_s"),
+    }
+    if k > 1:
+        samples = [(len(v), int(sum(v))) for v in by_task.values()]
+        out[f"pass@{k}"] = sum(pass_at_k(n_, c, k) for n_, c in samples) / len(samples)
+    return out
+
+
+def _rel(new: float, base: float) -> float | None:
+    return None if abs(base) < 1e-12 else (new - base) / base
+
+
+def build_report(rows: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    """Per-arm summaries, differences against ``react`` and the reading notes."""
+    k = int(meta.get("samples", 1))
+    arms = sorted({r["arm"] for r in rows}, key=lambda a: ARMS.index(a) if a in ARMS else 99)
+    per_arm = {a: [r for r in rows if r["arm"] == a] for a in arms}
+    summary = {a: arm_summary(per_arm[a], k) for a in arms}
+    diffs: dict[str, Any] = {}
+    if "react" in summary:
+        base = summary["react"]
+        for a in arms:
+            if a == "react":
+                continue
+            s = summary[a]
+            paired = paired_bootstrap(_by_task(per_arm["react"]), _by_task(per_arm[a]))
+            diffs[a] = {
+                "pass@1_abs": s["pass@1"] - base["pass@1"],
+                "pass@1_rel": _rel(s["pass@1"], base["pass@1"]),
+                "pass@1_paired_low": paired.low,
+                "pass@1_paired_high": paired.high,
+                "paired_tasks": paired.tasks,
+                "tool_calls_abs": s["tool_calls"] - base["tool_calls"],
+                "tool_calls_rel": _rel(s["tool_calls"], base["tool_calls"]),
+                "peak_abs": s["peak_context_tokens"] - base["peak_context_tokens"],
+                "peak_rel": _rel(s["peak_context_tokens"], base["peak_context_tokens"]),
+            }
+    report = {"meta": meta, "arms": summary, "vs_react": diffs}
+    report["notes"] = reading_notes(report)
+    return report
+
+
+def reading_notes(report: dict[str, Any]) -> list[str]:
+    """Plain sentences that keep a reader from the misreadings of seed 000's Table 2."""
+    notes = []
+    arms, diffs = report["arms"], report["vs_react"]
+    base = arms.get("react")
+    for a, d in diffs.items():
+        lo, hi = d["pass@1_paired_low"], d["pass@1_paired_high"]
+        sig = "excludes" if lo > 0 or hi < 0 else "includes"
+        notes.append(
+            f"{a} vs react: Pass@1 {d['pass@1_abs']:+.3f} absolute; the paired 95% interval over "
+            f"{d['paired_tasks']} tasks is [{lo:+.3f}, {hi:+.3f}] and {sig} 0."
+        )
+        if base is not None and base["pass@1"] < 0.3 and d["pass@1_rel"] is not None:
+            notes.append(
+                f"{a}: the relative gain ({d['pass@1_rel']:+.0%}) is on a react Pass@1 of "
+                f"{base['pass@1']:.3f}; read the absolute difference."
+            )
+        if base is not None and d["peak_abs"] > 0:
+            notes.append(
+                f"{a} raises the mean peak context by {d['peak_abs']:+.0f} tokens over react: "
+                "context tools do not lower peak tokens here."
+            )
+        s = arms[a]
+        if base is not None and s["overflow"] < base["overflow"] and d["peak_abs"] < 0:
+            notes.append(
+                f"{a} overflows less than react ({s['overflow']:.2f} vs {base['overflow']:.2f}); "
+                "overflowed episodes stop at the budget, so peak tokens compare runs of "
+                "different lengths."
+            )
+    for a, s in arms.items():
+        if s["overflow"] > 0:
+            notes.append(
+                f"{a} overflowed in {s['overflow']:.0%} of episodes. An overflowing input is never "
+                "sent, so its peak counts only the inputs before it: peak tokens understate "
+                "what the arm would have needed."
+            )
+    small = [a for a, s in arms.items() if s["episodes"] < 30]
+    if small:
+        widths = ", ".join(
+            f"{a} [{arms[a]['pass@1_low']:.2f}, {arms[a]['pass@1_high']:.2f}]" for a in small
+        )
+        notes.append(f"Fewer than 30 episodes per arm: the Pass@1 intervals are wide ({widths}).")
+    return notes
+
+
+def rows_from(trajectories: Iterable[Trajectory], budget_of: Any) -> list[dict[str, Any]]:
+    return [episode_row(t, budget_of(t)) for t in trajectories]

@@ -1,0 +1,369 @@
+"""``acmrl eval``: the episodes, then ``report.{md,csv,json}``, ``episodes.csv`` and the plots.
+
+The episodes run through ``acmrl rollout`` (resumable: a killed eval continues where it
+stopped) into ``episodes.jsonl``; the report is rebuilt from that file, so it can be redone
+without running the model (``acmrl eval ... report_only=true``). ``acmrl eval compare A B``
+puts two result folders side by side (before/after training) with paired differences.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from acmrl.config import EvalConfig, RolloutConfig
+from acmrl.engines.base import Engine
+from acmrl.eval.report import build_report, paired_bootstrap, rows_from
+from acmrl.rollout.run import run_rollout
+from acmrl.rollout.worker import read_trajectories
+
+EPISODES = "episodes.jsonl"
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def rollout_config(cfg: EvalConfig) -> RolloutConfig:
+    return RolloutConfig(
+        model=cfg.model,
+        sampling=cfg.sampling,
+        agent=cfg.agent,
+        env=cfg.env,
+        engine=cfg.engine,
+        arms=list(cfg.arms),
+        samples=cfg.samples,
+        seed=cfg.seed,
+        concurrency=cfg.concurrency,
+        output=str(Path(cfg.output) / EPISODES),
+        tensorboard=False,
+    )
+
+
+def _budget_of(cfg: EvalConfig) -> Any:
+    fallback = cfg.agent.max_context_tokens
+
+    def budget(t: Any) -> int:
+        return int(t.metrics.get("budget") or fallback or 8192)
+
+    return budget
+
+
+def run_eval(cfg: EvalConfig, engine: Engine | None = None) -> dict[str, Any]:
+    """Run (unless ``report_only``) and write the report; returns it."""
+    out = Path(cfg.output)
+    out.mkdir(parents=True, exist_ok=True)
+    if not cfg.report_only:
+        run_rollout(rollout_config(cfg), engine=engine)
+    path = out / EPISODES
+    if not path.exists():
+        raise ValueError(f"{path} does not exist: run the eval first (report_only=false)")
+    trajs = read_trajectories(path)
+    if not trajs:
+        raise ValueError(f"{path} holds no episodes")
+    rows = rows_from(trajs, _budget_of(cfg))
+    meta = {
+        "model": cfg.model.name,
+        "env": cfg.env.name,
+        "env_options": cfg.env.options,
+        "split": cfg.env.split,
+        "samples": cfg.samples,
+        "temperature": cfg.sampling.temperature,
+        "max_new_tokens": cfg.sampling.max_new_tokens,
+        "machine": cfg.machine,
+    }
+    report = build_report(rows, meta)
+    write_report(report, rows, out, plots=cfg.plots)
+    return report
+
+
+EPISODE_FIELDS = [
+    "episode_id",
+    "task_id",
+    "arm",
+    "sample",
+    "status",
+    "score",
+    "turns",
+    "valid_turns",
+    "tool_calls",
+    "malformed_calls",
+    "mean_context_tokens",
+    "peak_context_tokens",
+    "budget",
+    "compactions",
+    "compaction_cost",
+    "policy_prompt_tokens",
+    "cached_tokens",
+    "reusable_tokens",
+    "summariser_calls",
+    "summariser_tokens",
+    "querier_calls",
+    "querier_tokens",
+    "wall_s",
+]
+
+
+def write_report(
+    report: dict[str, Any], rows: list[dict[str, Any]], out: Path, plots: bool = True
+) -> None:
+    _atomic_write(out / "report.json", json.dumps(report, indent=1))
+    _atomic_write(out / "report.csv", report_csv(report))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, EPISODE_FIELDS, extrasaction="ignore")
+    w.writeheader()
+    w.writerows(rows)
+    _atomic_write(out / "episodes.csv", buf.getvalue())
+    figures = []
+    if plots:
+        from acmrl.eval.plots import write_plots
+
+        figures = write_plots(report, rows, out)
+    _atomic_write(out / "report.md", report_markdown(report, figures))
+
+
+CSV_FIELDS = [
+    "episodes",
+    "tasks",
+    "pass@1",
+    "pass@1_low",
+    "pass@1_high",
+    "score",
+    "tool_calls",
+    "valid_call_rate",
+    "malformed_per_episode",
+    "turns",
+    "mean_context_tokens",
+    "peak_context_tokens",
+    "max_peak_context_tokens",
+    "budget",
+    "compactions",
+    "compaction_cost",
+    "compaction_cost_budget",
+    "cache_reuse",
+    "cache_reuse_bound",
+    "summariser_calls",
+    "summariser_tokens",
+    "querier_calls",
+    "querier_tokens",
+    "overflow",
+    "wall_s",
+]
+DIFF_FIELDS = [
+    "pass@1_abs",
+    "pass@1_rel",
+    "pass@1_paired_low",
+    "pass@1_paired_high",
+    "tool_calls_abs",
+    "tool_calls_rel",
+    "peak_abs",
+    "peak_rel",
+]
+
+
+def report_csv(report: dict[str, Any]) -> str:
+    extra = sorted(
+        {k for s in report["arms"].values() for k in s if k.startswith("pass@")} - set(CSV_FIELDS)
+    )
+    fields = ["arm", *CSV_FIELDS, *extra, *(f"vs_react_{k}" for k in DIFF_FIELDS)]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fields)
+    w.writeheader()
+    for arm, s in report["arms"].items():
+        d = report["vs_react"].get(arm, {})
+        w.writerow(
+            {"arm": arm, **{k: s.get(k) for k in CSV_FIELDS + extra}}
+            | {f"vs_react_{k}": d.get(k) for k in DIFF_FIELDS}
+        )
+    return buf.getvalue()
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.0%}"
+
+
+def main_table(report: dict[str, Any]) -> str:
+    """The Table-2 view: Pass@1, tool calls and peak tokens, with absolute and relative
+    differences against react side by side."""
+    arms, diffs = report["arms"], report["vs_react"]
+    ks = sorted(
+        {
+            k
+            for s in arms.values()
+            for k in s
+            if k.startswith("pass@") and k[5:].isdigit() and k != "pass@1"
+        }
+    )
+    head = [
+        "arm",
+        "Pass@1 [95% CI]",
+        "Δ abs",
+        "Δ rel",
+        *ks,
+        "tool calls",
+        "Δ abs",
+        "Δ rel",
+        "peak tokens",
+        "Δ abs",
+        "Δ rel",
+        "overflow",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for arm, s in arms.items():
+        d = diffs.get(arm)
+        cells = [
+            arm,
+            f"{s['pass@1']:.3f} [{s['pass@1_low']:.2f}, {s['pass@1_high']:.2f}]",
+            f"{d['pass@1_abs']:+.3f}" if d else "",
+            _pct(d["pass@1_rel"]) if d else "",
+            *(f"{s[k]:.3f}" for k in ks),
+            f"{s['tool_calls']:.2f}",
+            f"{d['tool_calls_abs']:+.2f}" if d else "",
+            _pct(d["tool_calls_rel"]) if d else "",
+            f"{s['peak_context_tokens']:.0f}",
+            f"{d['peak_abs']:+.0f}" if d else "",
+            _pct(d["peak_rel"]) if d else "",
+            f"{s['overflow']:.2f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def detail_table(report: dict[str, Any]) -> str:
+    head = [
+        "arm",
+        "episodes",
+        "valid-call rate",
+        "malformed/ep",
+        "mean ctx",
+        "max peak",
+        "compactions/ep",
+        "Compaction Cost (tok)",
+        "cost/budget",
+        "cache reuse",
+        "reuse bound",
+        "summariser calls (tok)",
+        "querier calls (tok)",
+        "wall s/ep",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for arm, s in report["arms"].items():
+        cells = [
+            arm,
+            str(s["episodes"]),
+            f"{s['valid_call_rate']:.2f}",
+            f"{s['malformed_per_episode']:.2f}",
+            f"{s['mean_context_tokens']:.0f}",
+            str(s["max_peak_context_tokens"]),
+            f"{s['compactions']:.2f}",
+            f"{s['compaction_cost']:.0f}",
+            f"{s['compaction_cost_budget']:.3f}",
+            f"{s['cache_reuse']:.2f}",
+            f"{s['cache_reuse_bound']:.2f}",
+            f"{s['summariser_calls']:.2f} ({s['summariser_tokens']:.0f})",
+            f"{s['querier_calls']:.2f} ({s['querier_tokens']:.0f})",
+            f"{s['wall_s']:.1f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def report_markdown(report: dict[str, Any], figures: list[str]) -> str:
+    m = report["meta"]
+    any_arm = next(iter(report["arms"].values()))
+    lines = [
+        f"# acmrl eval: `{m['model']}` on `{m['env']}` ({m['split']})",
+        "",
+        f"{any_arm['tasks']} tasks x {m['samples']} sample(s) per arm; temperature "
+        f"{m['temperature']}, at most {m['max_new_tokens']} tokens per turn; context budget "
+        f"{any_arm['budget']} tokens (the complete rendered input)."
+        + (f" Machine: {m['machine']}." if m.get("machine") else ""),
+        "",
+        main_table(report),
+        "",
+        "Δ: the arm minus react, absolute and relative. Peak tokens: each episode's largest model "
+        "input, averaged over episodes.",
+        "",
+        "## Details",
+        "",
+        detail_table(report),
+        "",
+        "## Reading this table",
+        "",
+        *(f"- {n}" for n in report["notes"]),
+        "",
+    ]
+    if figures:
+        lines += ["## Figures", "", *(f"![{f}]({f})" for f in figures), ""]
+    return "\n".join(lines)
+
+
+# -- compare ----------------------------------------------------------------------------------
+
+
+def _load(folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    report_path = folder / "report.json"
+    if not report_path.is_file():
+        raise ValueError(f"{folder} has no report.json: give a folder acmrl eval wrote")
+    report = json.loads(report_path.read_text())
+    rows = []
+    if (folder / "episodes.csv").is_file():
+        with (folder / "episodes.csv").open() as f:
+            rows = [{**r, "score": float(r["score"])} for r in csv.DictReader(f)]
+    return report, rows
+
+
+def compare(a: str | Path, b: str | Path, output: str | Path | None = None) -> str:
+    """Markdown that puts result folders ``a`` (before) and ``b`` (after) side by side, per arm
+    they share; Pass@1 differences get a paired bootstrap interval over shared tasks."""
+    ra, rows_a = _load(Path(a))
+    rb, rows_b = _load(Path(b))
+    keys = [
+        ("pass@1", "Pass@1", ".3f"),
+        ("valid_call_rate", "valid-call rate", ".2f"),
+        ("tool_calls", "tool calls", ".2f"),
+        ("peak_context_tokens", "peak tokens", ".0f"),
+        ("compactions", "compactions/ep", ".2f"),
+        ("compaction_cost", "Compaction Cost", ".0f"),
+        ("overflow", "overflow", ".2f"),
+    ]
+    lines = [
+        f"# acmrl eval compare: `{ra['meta']['model']}` (A) vs `{rb['meta']['model']}` (B)",
+        "",
+        f"A: `{a}`; B: `{b}`.",
+        "",
+        "| arm | metric | A | B | B - A | relative |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm in [x for x in ra["arms"] if x in rb["arms"]]:
+        sa, sb = ra["arms"][arm], rb["arms"][arm]
+        for key, label, fmt in keys:
+            va, vb = sa[key], sb[key]
+            rel = "n/a" if abs(va) < 1e-12 else f"{(vb - va) / va:+.0%}"
+            lines.append(
+                f"| {arm} | {label} | {va:{fmt}} | {vb:{fmt}} | {vb - va:+{fmt}} | {rel} |"
+            )
+        ta = {}
+        for r in rows_a:
+            if r["arm"] == arm:
+                ta.setdefault(r["task_id"], []).append(float(r["score"] >= 1.0))
+        tb = {}
+        for r in rows_b:
+            if r["arm"] == arm:
+                tb.setdefault(r["task_id"], []).append(float(r["score"] >= 1.0))
+        p = paired_bootstrap(ta, tb)
+        if p.tasks:
+            lines.append(
+                f"| {arm} | Pass@1 B - A, paired 95% CI over {p.tasks} tasks | | | "
+                f"[{p.low:+.3f}, {p.high:+.3f}] | |"
+            )
+    text = "\n".join(lines) + "\n"
+    if output is not None:
+        _atomic_write(Path(output), text)
+    return text

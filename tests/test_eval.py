@@ -1,0 +1,149 @@
+"""acmrl eval: per-episode figures by hand, a full report from an oracle-driven run, compare."""
+
+from __future__ import annotations
+
+import doctest
+import json
+
+import pytest
+
+import acmrl.eval.report as R
+from acmrl.config import EvalConfig
+from acmrl.engines.scripted import ScriptedEngine
+from acmrl.envs import load
+from acmrl.eval.run import compare, run_eval
+from acmrl.rollout.records import ContextEvent, ModelCall, Step, Trajectory
+from acmrl.teacher.demonstrate import Demonstrator
+
+
+def test_doctests():
+    assert doctest.testmod(R).failed == 0
+
+
+def _call(prompt, completion, cached=0, role="policy"):
+    return ModelCall(role, prompt, completion, [], cached, "stop", 0.0)
+
+
+def test_episode_row_by_hand():
+    t = Trajectory("e", "t1", "kb", "acm", 0, 0, "m", "q", "a")
+    t.steps = [
+        Step(0, _call([1, 2, 3], [4, 5]), actions=[{"name": "search"}]),
+        # prompt extends the last input + output by [6]: 5 tokens reusable, the engine reused 4
+        Step(1, _call([1, 2, 3, 4, 5, 6], [7], cached=4), errors=["bad json"]),
+        # after a compaction only [1, 2] survives; the summariser read 10 and wrote 3 tokens
+        Step(
+            2,
+            _call([1, 2, 9], [8], cached=2),
+            actions=[{"name": "manage_context"}],
+            events=[ContextEvent("manage_context", 700, 300, 2, 5, 1, 13, 19.0)],
+            helper_calls=[_call(list(range(10)), [1, 2, 3], role="summariser")],
+        ),
+    ]
+    t.score, t.status = 1.0, "answered"
+    t.compute_metrics()
+    row = R.episode_row(t, budget=1000)
+    assert row["turns"] == 3 and row["valid_turns"] == 2  # the turn with an error made no call
+    # prompts 3 + 6 + 3 = 12; cached 0 + 4 + 2 = 6; bound 0 + 5 + 2 = 7
+    assert (row["policy_prompt_tokens"], row["cached_tokens"], row["reusable_tokens"]) == (12, 6, 7)
+    assert row["compaction_at"] == [0.7]
+    assert row["summariser_calls"] == 1 and row["summariser_tokens"] == 13
+    assert row["cost_call_tokens"] == 1 and row["cost_cache_tokens"] == 5
+
+
+def test_arm_summary_and_paired_differences():
+    def row(task, arm, success, peak):
+        return {
+            "task_id": task,
+            "arm": arm,
+            "success": success,
+            "score": success,
+            "turns": 2,
+            "valid_turns": 1,
+            "malformed_calls": 0,
+            "tool_calls": 2,
+            "mean_context_tokens": 100,
+            "peak_context_tokens": peak,
+            "budget": 1000,
+            "compactions": 0,
+            "compaction_cost": 0.0,
+            "policy_prompt_tokens": 10,
+            "cached_tokens": 5,
+            "reusable_tokens": 8,
+            "summariser_calls": 0,
+            "summariser_tokens": 0,
+            "querier_calls": 0,
+            "querier_tokens": 0,
+            "overflow": 0.0,
+            "wall_s": 1.0,
+        }
+
+    rows = [row(f"t{i}", "react", float(i < 2), 900) for i in range(10)]
+    rows += [row(f"t{i}", "acm", float(i < 6), 800) for i in range(10)]
+    report = R.build_report(rows, {"samples": 1})
+    acm, d = report["arms"]["acm"], report["vs_react"]["acm"]
+    assert acm["pass@1"] == 0.6 and acm["valid_call_rate"] == 0.5
+    assert acm["cache_reuse"] == 0.5 and acm["cache_reuse_bound"] == 0.8
+    assert d["pass@1_abs"] == pytest.approx(0.4) and d["pass@1_rel"] == pytest.approx(2.0)
+    assert d["pass@1_paired_low"] > 0  # 4 tasks flip to success, none the other way
+    assert d["peak_abs"] == -100
+    assert any("relative gain" in n for n in report["notes"])  # react is at 0.2: flagged below 0.3
+    assert any("excludes 0" in n for n in report["notes"])
+
+
+def oracle_engine(env, tokenizer, pressure=0.75):
+    """The oracle's demonstrations as an engine: the same policy for every arm."""
+    tasks = {t.id: t for split in env.splits for t in env.tasks(split)}
+    demos = {}
+
+    def reply(session_id, prompt):
+        eid = session_id.removesuffix("/summariser").removesuffix("/querier")
+        task_id, arm, _ = eid.rsplit("#", 2)
+        if eid not in demos:
+            demos[eid] = Demonstrator(env, tasks[task_id], arm, 1400, tokenizer, pressure)
+        return demos[eid](session_id, prompt)
+
+    return ScriptedEngine(tokenizer, reply, truncate=False)
+
+
+def test_eval_writes_a_full_report_and_compare_reads_two(tmp_path, tokenizer):
+    env = load("kb_search", preset="tiny", seed=0)
+    cfg = EvalConfig(output=str(tmp_path / "a"), arms=["react", "acm"], machine="test CPU")
+    cfg.env.options = {"preset": "tiny", "seed": 0}
+    cfg.env.limit = 4
+    cfg.agent.max_context_tokens = 1400
+    report = run_eval(cfg, engine=oracle_engine(env, tokenizer))
+    out = tmp_path / "a"
+    for name in [
+        "episodes.jsonl",
+        "episodes.csv",
+        "report.md",
+        "report.csv",
+        "report.json",
+        "success_vs_peak.png",
+        "compaction_points.png",
+        "cost_breakdown.png",
+    ]:
+        assert (out / name).stat().st_size > 0, name
+    acm, react = report["arms"]["acm"], report["arms"]["react"]
+    assert acm["pass@1"] == 1.0 and acm["compactions"] >= 1 and acm["valid_call_rate"] == 1.0
+    assert react["overflow"] > 0 and react["pass@1"] < 1.0
+    assert acm["summariser_calls"] >= 1 and acm["compaction_cost"] > 0
+    md = (out / "report.md").read_text()
+    assert "Pass@1 [95% CI]" in md and "Reading this table" in md and "test CPU" in md
+    assert json.loads((out / "report.json").read_text())["vs_react"]["acm"]["pass@1_abs"] > 0
+
+    # the same episodes, the report rebuilt without a model; then a "before" with a worse policy
+    cfg.report_only = True
+    assert run_eval(cfg)["arms"]["acm"]["pass@1"] == 1.0
+    worse = EvalConfig(output=str(tmp_path / "b"), arms=["react", "acm"])
+    worse.env = cfg.env
+    worse.agent.max_context_tokens = 1400
+    run_eval(worse, engine=ScriptedEngine(tokenizer, lambda s, p: "I do not know."))
+    text = compare(tmp_path / "b", tmp_path / "a", output=tmp_path / "cmp.md")
+    assert "| acm | Pass@1 | 0.000 | 1.000 | +1.000 | n/a |" in text
+    assert "paired 95% CI over 4 tasks" in text and (tmp_path / "cmp.md").exists()
+
+
+def test_compare_needs_result_folders(tmp_path):
+    with pytest.raises(ValueError, match=r"no report\.json"):
+        compare(tmp_path, tmp_path)
