@@ -17,6 +17,7 @@ import typer
 from acmrl.config import (
     AnnotateConfig,
     ConfigError,
+    DemoConfig,
     EvalConfig,
     ExportConfig,
     GenerateConfig,
@@ -126,10 +127,6 @@ def convert(
     print(
         f"converted {src.name} -> {dest} in {record['seconds']}s ({record['parameters']:,} params)"
     )
-
-
-def _not_yet(command: str, issue: int) -> NoReturn:
-    fail(f"'acmrl {command}' is not implemented yet (tracked in issue #{issue})", code=3)
 
 
 @app.command()
@@ -305,10 +302,26 @@ def export(config: ConfigOpt = None, overrides: Overrides = None) -> None:
     typer.echo(f"exported: {out} (model card: {out}/README.md)")
 
 
-@app.command(hidden=True)
-def demo(config: ConfigOpt = None, overrides: Overrides = None) -> None:
-    """The whole pipeline on the embedded default model (not yet available)."""
-    _not_yet("demo", 8)
+@app.command()
+def demo(
+    config: ConfigOpt = None,
+    overrides: Overrides = None,
+    size: Annotated[
+        str | None, typer.Option("--size", help="smoke, small, default (~20 min here), large")
+    ] = None,
+) -> None:
+    """The whole pipeline on the embedded default model: tasks, baseline eval, annotation, SFT,
+    GRPO, eval of the trained model, export; prints where the reports and the checkpoint are."""
+    args = list(overrides or []) + ([f"size={size}"] if size else [])
+    cfg = _load(DemoConfig, config, args)
+    from acmrl.demo import run_demo
+    from acmrl.engines.base import EngineError
+    from acmrl.models import ModelError
+
+    try:
+        run_demo(cfg)
+    except (ModelError, EngineError, ValueError) as exc:
+        fail(str(exc))
 
 
 def main() -> None:

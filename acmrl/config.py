@@ -672,6 +672,25 @@ class EvalConfig:
             )
 
 
+@dataclasses.dataclass
+class DemoConfig:
+    """`acmrl demo`: tasks, baseline eval, annotation, SFT, GRPO, eval, export, on one machine."""
+
+    size: Literal["smoke", "small", "default", "large"] = option(
+        "default",
+        "smoke: a pipeline check; small ~10 min, default ~20 min on 2 CPU cores; large: GPU",
+    )
+    model: ModelConfig = section(ModelConfig, "the base model (the embedded SmolLM2 by default)")
+    output: str = option("runs/demo", "folder of every stage; a rerun skips the finished stages")
+    seed: int = option(0, "seed of the tasks and of every stage", min=0)
+    precision: Literal["auto", "no", "bf16"] = option(
+        "auto", "training autocast; auto: bf16 where the CPU (AMX/AVX512-BF16) or GPU has it"
+    )
+    machine: str | None = option(
+        None, "a description of the machine for the reports; null: detected"
+    )
+
+
 # `configs/<command>*.yaml` holds configs for that command (checked by the tests)
 COMMAND_CONFIGS: dict[str, type] = {
     "generate": GenerateConfig,
@@ -682,6 +701,7 @@ COMMAND_CONFIGS: dict[str, type] = {
     "grpo": GRPOConfig,
     "export": ExportConfig,
     "eval": EvalConfig,
+    "demo": DemoConfig,
 }
 
 

@@ -132,12 +132,6 @@ def test_cli_help_does_not_import_torch():
     assert "generate" in res.stdout and "NO_TORCH" in res.stdout
 
 
-def test_unfinished_commands_say_so():
-    res = _run_cli("demo")
-    assert res.returncode == 3
-    assert "not implemented yet" in res.stderr
-
-
 def test_override_below_a_value_is_refused():
     with pytest.raises(ConfigError, match=r"'sampling.stop' is not a section"):
         load_config(GenerateConfig, None, ["sampling.stop=[a]", "sampling.stop.x=3"])

@@ -1,0 +1,51 @@
+"""acmrl demo: every stage end to end at the smoke size (tiny random model), and a rerun skips."""
+
+from __future__ import annotations
+
+import json
+
+from acmrl.config import DemoConfig
+from acmrl.demo import STAGES, stage_configs
+
+
+def test_stage_configs_chain_the_stages(tmp_path):
+    cfg = DemoConfig(output=str(tmp_path / "demo"))
+    c = stage_configs(cfg)
+    out = tmp_path / "demo"
+    assert c["sft"].dataset == str(out / "annotate")
+    assert c["grpo"].model.name == str(out / "sft" / "final")
+    assert c["eval-trained"].model.name == str(out / "grpo" / "final")
+    assert c["export"].model.name == str(out / "grpo" / "final")
+    assert c["export"].eval_dir == str(out / "eval-trained")
+    assert c["eval-base"].env == c["eval-trained"].env  # the same held-out tasks
+    assert c["eval-base"].env.split == "eval" and c["annotate"].env.split == "train"
+    assert c["annotate"].demonstrations
+
+
+def test_smoke_demo_runs_every_stage(tmp_path, tiny_model_dir):
+    from typer.testing import CliRunner
+
+    from acmrl.cli import app
+
+    out = tmp_path / "demo"
+    args = ["demo", "--size", "smoke", f"model.name={tiny_model_dir}", f"output={out}"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    for stage in STAGES:
+        assert (out / ".done" / stage).exists(), stage
+    summary = json.loads((out / "summary.json").read_text())
+    assert {(r["arm"], r["model"]) for r in summary["rows"]} == {
+        ("react", "base"),
+        ("react", "trained"),
+        ("acm", "base"),
+        ("acm", "trained"),
+    }
+    assert (out / "export" / "model.safetensors").exists()
+    assert "acmrl eval" in (out / "export" / "README.md").read_text()  # the report in the card
+    assert "| acm | Pass@1 |" in (out / "compare.md").read_text()
+    assert (out / "configs" / "grpo.yaml").exists()
+    assert "exported checkpoint:" in result.output and "wall time" in result.output
+
+    again = CliRunner().invoke(app, args)  # every stage is done: only the summary runs
+    assert again.exit_code == 0, again.output
+    assert again.output.count("done already, skipped") == len(STAGES)
