@@ -100,7 +100,8 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
     z = SIZES[cfg.size]
     out = Path(cfg.output)
     env = EnvConfig(name="kb_search", options={"preset": z.preset, "seed": cfg.seed})
-    agent = AgentConfig(max_turns=z.max_turns, max_context_tokens=z.budget)
+    # the context signal shows the agent its context size, so when to compact is learnable
+    agent = AgentConfig(max_turns=z.max_turns, max_context_tokens=z.budget, context_signal=True)
     greedy = SamplingConfig(max_new_tokens=z.max_new_tokens, stop=["</tool_call>"])
     model = cfg.model
     mp = precision(cfg)

@@ -20,6 +20,7 @@ step is marked ``teacher``: in the training samples all its tokens are targets w
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from acmrl.config import AgentConfig, SamplingConfig
@@ -30,6 +31,8 @@ from acmrl.rollout.agent import Episode
 from acmrl.rollout.records import Trajectory
 from acmrl.rollout.worker import run_episodes
 from acmrl.teacher.oracle import EVOLVE_KEEP_FACTS, _describe, _facts_seen, _next_needed
+
+_SIGNAL = re.compile(r"\[context: (\d+) of \d+ tokens\]")
 
 
 class Demonstrator:
@@ -50,7 +53,10 @@ class Demonstrator:
         if session_id.endswith("/querier"):
             return "No archived facts were needed."
         self.seen += "\n" + prompt
-        n = len(self.tok.encode(prompt, add_special_tokens=False))
+        # the size the agent sees when the harness signals it (agent.context_signal), else the
+        # size of the input itself
+        signals = _SIGNAL.findall(prompt)
+        n = int(signals[-1]) if signals else len(self.tok.encode(prompt, add_special_tokens=False))
         if (
             self.arm in ("acm", "evolve")
             and n >= self.pressure * self.budget
