@@ -470,6 +470,9 @@ class AnnotateConfig:
     demonstrations: bool = option(
         False, "also record one oracle demonstration per task and arm (a warm start for SFT)"
     )
+    student_tasks: int | None = option(
+        None, "run the student (and edits, resumes) on the first N tasks only; null: all", min=0
+    )
     resume_temperature: float = option(0.7, "sampling temperature of the continuations", min=0.0)
     seed: int = option(0, "base seed", min=0)
     concurrency: int = option(8, "student episodes in flight at once", min=1)

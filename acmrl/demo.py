@@ -45,6 +45,7 @@ class Size:
     preset: str
     budget: int
     train_tasks: int
+    student_tasks: int | None  # the student's own runs, edits and resumes (demos cover all)
     eval_tasks: int
     max_turns: int
     max_new_tokens: int
@@ -56,11 +57,11 @@ class Size:
 
 SIZES = {
     # a pipeline check in about a minute (the tests run it on a tiny random model)
-    "smoke": Size("tiny", 1400, 2, 2, 3, 24, 2, 1, 2, 1),
-    "small": Size("tiny", 1400, 8, 4, 10, 96, 20, 2, 4, 1),
-    "default": Size("tiny", 1400, 16, 8, 10, 96, 40, 3, 4, 1),
+    "smoke": Size("tiny", 1400, 2, 1, 2, 3, 24, 2, 1, 2, 1),
+    "small": Size("tiny", 1400, 8, 2, 4, 10, 96, 20, 2, 4, 1),
+    "default": Size("tiny", 1400, 16, 4, 8, 10, 96, 40, 2, 4, 1),
     # longer multi-hop tasks, for a GPU
-    "large": Size("small", 2048, 40, 20, 16, 128, 150, 20, 8, 4),
+    "large": Size("small", 2048, 40, None, 20, 16, 128, 150, 20, 8, 4),
 }
 STAGES = ["tasks", "eval-base", "annotate", "sft", "grpo", "eval-trained", "export", "compare"]
 
@@ -127,6 +128,7 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
         arms=["react", "acm"],
         resumes=1,
         demonstrations=True,
+        student_tasks=z.student_tasks,
         seed=cfg.seed,
         output=str(out / "annotate"),
     )
@@ -188,6 +190,8 @@ class Demo:
         self.cfg = cfg
         self.out = Path(cfg.output)
         self.console = Console()
+        if self.console.width < 120:  # a pipe or a narrow terminal: do not squeeze the table
+            self.console = Console(width=120)
         self.configs = stage_configs(cfg)
         self.times: dict[str, float] = {}
         self.skipped: list[str] = []

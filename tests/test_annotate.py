@@ -239,10 +239,11 @@ def test_demonstrations_are_whole_teacher_episodes(tokenizer):
 def test_annotate_with_demonstrations_adds_them_to_the_dataset(tiny, tmp_path):
     from datasets import load_from_disk
 
-    cfg = config(tmp_path, demonstrations=True)
+    cfg = config(tmp_path, demonstrations=True, student_tasks=1)
     cfg.env.limit = 2
     cfg.agent.max_context_tokens = 1400
     stats = run_annotate(cfg, engine=student(tiny.tokenizer))
     assert stats["demonstrations"] == 4  # 2 tasks x 2 arms
+    assert stats["student_trajectories"] == 2  # the student ran on the first task only
     rows = load_from_disk(f"{cfg.output}/dataset")["trajectories"]
     assert sum(r == "demonstration" for r in rows["role"]) == 4

@@ -88,8 +88,10 @@ def annotate_tasks(
     engine: Engine,
     teacher: Any,
     topk_model: Any = None,
+    student_ids: set[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Student runs, assessments and resumes for ``tasks``: one record per task."""
+    """Student runs, assessments and resumes for ``tasks`` (those in ``student_ids``, when given),
+    and demonstrations when configured: one record per task."""
     episodes = {
         task.id: [
             Episode(
@@ -106,6 +108,7 @@ def annotate_tasks(
             for arm in cfg.arms
         ]
         for task in tasks
+        if student_ids is None or task.id in student_ids
     }
     run_episodes([e for eps in episodes.values() for e in eps], engine, concurrency=cfg.concurrency)
     resume_sampling = dataclasses.replace(cfg.sampling, temperature=cfg.resume_temperature)
@@ -117,7 +120,7 @@ def annotate_tasks(
             "assessments": [],
             "resumed": [],
         }
-        for ep in episodes[task.id]:
+        for ep in episodes.get(task.id, []):
             a = _assess(teacher, env, task, ep)
             record["trajectories"].append(ep.traj.to_dict())
             record["assessments"].append(a.to_dict() | {"source": ep.traj.episode_id})
@@ -188,7 +191,11 @@ def run_annotate(cfg: AnnotateConfig, engine: Engine | None = None) -> dict[str,
 
     i, n = (int(x) for x in cfg.shard.split("/"))
     env = load(cfg.env.name, **cfg.env.options)
-    tasks = env.tasks(cfg.env.split)[: cfg.env.limit][i::n]
+    every = env.tasks(cfg.env.split)[: cfg.env.limit]
+    tasks = every[i::n]
+    student_ids = None
+    if cfg.student_tasks is not None:  # taken before sharding, so every shard agrees
+        student_ids = {t.id for t in every[: cfg.student_tasks]}
     out = Path(cfg.output)
     log = JsonlLog(out / f"records-{i}-of-{n}.jsonl", key="task_id")
     todo = [t for t in tasks if t.id not in log.done]
@@ -207,7 +214,9 @@ def run_annotate(cfg: AnnotateConfig, engine: Engine | None = None) -> dict[str,
             bar = progress.add_task("tasks", total=len(tasks), completed=len(tasks) - len(todo))
             for start in range(0, len(todo), chunk):
                 part = todo[start : start + chunk]
-                for record in annotate_tasks(cfg, env, part, engine, teacher, topk_model):
+                for record in annotate_tasks(
+                    cfg, env, part, engine, teacher, topk_model, student_ids
+                ):
                     log.write(record)
                     progress.advance(bar)
     finally:
