@@ -365,9 +365,10 @@ class EnvConfig:
 class EngineConfig:
     """The generation backend."""
 
-    kind: Literal["hf", "openai"] = option(
+    kind: Literal["hf", "openai", "vllm"] = option(
         "hf",
-        "hf: transformers in this process; openai: OpenAI-compatible servers (vllm serve, acmrl serve)",
+        "hf: transformers in this process; openai: OpenAI-compatible servers (vllm serve, "
+        "acmrl serve); vllm: vLLM's offline engine in this process (pip install acmrl[vllm])",
     )
     reuse_cache: bool = option(True, "keep each session's KV cache across turns (hf)")
     max_batch: int = option(8, "most requests decoded together (hf)", min=1)
@@ -382,6 +383,11 @@ class EngineConfig:
     )
     timeout_s: float = option(120.0, "openai: seconds to wait for one completion", min=0.1)
     max_retries: int = option(4, "openai: retries per server with exponential backoff", min=0)
+    gpu_memory_utilization: float = option(
+        0.85, "vllm: share of GPU memory vLLM may take (leave room for training)", min=0.05, max=1.0
+    )
+    max_model_len: int | None = option(None, "vllm: longest sequence; null: the model's", min=64)
+    max_lora_rank: int = option(64, "vllm: largest adapter rank it serves", min=1)
 
     def check(self) -> None:
         if self.kind == "openai" and not self.base_urls:
@@ -613,10 +619,20 @@ class GRPOConfig:
                 "sampling.temperature: GRPO needs sampling (> 0); greedy rollouts of a group "
                 "are identical and carry no signal"
             )
-        if self.engine.kind != "hf":
+        if self.engine.kind == "openai":
             raise ConfigError(
-                "engine.kind: GRPO rolls out with the hf engine, which shares the trained "
-                "weights; a served engine would sample a stale policy"
+                "engine.kind: GRPO needs the sampler to follow the trained weights: use hf "
+                "(shared weights) or vllm (adapter sync); a served engine would sample a stale "
+                "policy"
+            )
+        if self.engine.kind == "vllm" and not self.lora.enabled:
+            raise ConfigError(
+                "engine.kind=vllm syncs LoRA adapters into vLLM after every step; full "
+                "fine-tuning needs weight sync, which acmrl does not do: enable lora or use hf"
+            )
+        if self.engine.kind == "vllm" and self.lora.r > self.engine.max_lora_rank:
+            raise ConfigError(
+                f"lora.r={self.lora.r} exceeds engine.max_lora_rank={self.engine.max_lora_rank}"
             )
 
 

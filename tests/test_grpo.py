@@ -90,6 +90,9 @@ def test_greedy_sampling_and_served_engines_are_refused():
         load_config(GRPOConfig, None, ["sampling.temperature=0"])
     with pytest.raises(ConfigError, match=r"engine\.kind"):
         load_config(GRPOConfig, None, ["engine.kind=openai", "engine.base_urls=[http://x]"])
+    with pytest.raises(ConfigError, match="enable lora or use hf"):
+        load_config(GRPOConfig, None, ["engine.kind=vllm", "lora.enabled=false"])
+    assert load_config(GRPOConfig, None, ["engine.kind=vllm"]).engine.kind == "vllm"
 
 
 def test_grpo_raises_the_mean_reward(tmp_path, peaked_model, target):

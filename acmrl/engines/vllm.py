@@ -40,6 +40,7 @@ class VLLMEngine(Engine):
         max_model_len: int | None = None,
         gpu_memory_utilization: float = 0.85,
         lora_path: str | None = None,
+        enable_lora: bool = False,
         max_lora_rank: int = 64,
         seed: int = 0,
         **llm_kwargs: Any,
@@ -56,16 +57,25 @@ class VLLMEngine(Engine):
         }
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
-        if lora_path is not None:
+        if lora_path is not None or enable_lora:
             kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank)
         self.llm = vllm.LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self._lora = None
+        self._adapters = 0
         self.use_lora = lora_path is not None  # switch the adapter off to sample the base model
         if lora_path is not None:
-            from vllm.lora.request import LoRARequest
+            self.load_adapter(lora_path)
 
-            self._lora = LoRARequest("acmrl-adapter", 1, lora_path)
+    def load_adapter(self, path: str) -> None:
+        """Serve the adapter in ``path`` from now on. Each call gets a new LoRA id, so vLLM loads
+        the new weights instead of its cached copy (and prefix-cache blocks of the old adapter
+        are not reused): the way a trainer syncs its adapter after an optimiser step."""
+        from vllm.lora.request import LoRARequest
+
+        self._adapters += 1
+        self._lora = LoRARequest(f"acmrl-adapter-{self._adapters}", self._adapters, path)
+        self.use_lora = True
 
     def _params(self, req: Request) -> Any:
         return self._vllm.SamplingParams(

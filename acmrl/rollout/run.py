@@ -41,10 +41,41 @@ def make_engine(cfg: Any) -> Engine:
             concurrency=cfg.concurrency,
         )
         return engine
+    if e.kind == "vllm":
+        return vllm_engine(cfg)
     from acmrl.engines.hf import HFEngine
 
     return HFEngine.from_config(
         cfg.model, reuse_cache=e.reuse_cache, max_batch=e.max_batch, seed=cfg.seed
+    )
+
+
+def vllm_engine(cfg: Any, enable_lora: bool = False) -> Engine:
+    """vLLM over ``cfg.model``; an adapter folder is served as a LoRA on its base model."""
+    import json
+    from pathlib import Path
+
+    from acmrl.engines.vllm import VLLMEngine
+    from acmrl.models import resolve_model
+
+    e, where = cfg.engine, Path(resolve_model(cfg.model.name))
+    adapter = None
+    if (where / "adapter_config.json").is_file():
+        adapter = str(where)
+        where = Path(
+            resolve_model(
+                json.loads((where / "adapter_config.json").read_text())["base_model_name_or_path"]
+            )
+        )
+    return VLLMEngine(
+        str(where),
+        dtype=cfg.model.dtype,
+        max_model_len=e.max_model_len,
+        gpu_memory_utilization=e.gpu_memory_utilization,
+        lora_path=adapter,
+        enable_lora=enable_lora,
+        max_lora_rank=e.max_lora_rank,
+        seed=cfg.seed,
     )
 
 

@@ -7,9 +7,11 @@ The algorithm, per step ``s`` (one optimiser step per ``updates_per_step``):
    and a resumed run sees the same next tasks. Under ``accelerate launch`` each process takes
    every n-th of them.
 2. **Rollouts.** ``group_size`` (G) episodes per task and arm, run by the rollout workers
-   (:func:`acmrl.rollout.worker.run_episodes`) with the ``hf`` engine over *the model being
-   trained* (the same parameter tensors; LoRA layers included), so the sampling policy is always
-   the current one. Each episode's sampling seed derives from (seed, step, episode id).
+   (:func:`acmrl.rollout.worker.run_episodes`). The sampling policy is always the current one:
+   the ``hf`` engine runs *the model being trained* (the same parameter tensors; LoRA layers
+   included); the ``vllm`` engine serves the trained LoRA adapter, saved and loaded under a new
+   LoRA id after every optimiser step. Each episode's sampling seed derives from (seed, step,
+   episode id).
 3. **Rewards.** :func:`acmrl.rewards.trajectory_reward`: success minus the weighted Compaction
    Cost (summariser and querier tokens included, in units of the budget), malformed-call and
    compress-loop penalties. Every term is logged.
@@ -199,8 +201,6 @@ class GRPOTrainer:
     ) -> None:
         from accelerate import Accelerator
 
-        from acmrl.engines.hf import HFEngine
-
         torch.manual_seed(cfg.seed)
         self.cfg = cfg
         self.out = Path(cfg.output)
@@ -232,18 +232,7 @@ class GRPOTrainer:
         self.model, self.opt = self.acc.prepare(model, self.opt)
         if self.ref is not None:
             self.ref.to(self.acc.device)
-        # the engine samples from the very parameters being trained (PEFT injects its LoRA
-        # layers into the base model, so generating with the base model uses them)
-        inner = self.acc.unwrap_model(self.model)
-        gen_model = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
-        self.engine = HFEngine(
-            gen_model,
-            self.tok,
-            reuse_cache=cfg.engine.reuse_cache,
-            max_batch=cfg.engine.max_batch,
-            max_sessions=max(64, cfg.concurrency),
-            seed=cfg.seed,
-        )
+        self.engine = self._make_engine()
         self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
         self.weights = RewardWeights(
             success=cfg.reward.success,
@@ -256,6 +245,64 @@ class GRPOTrainer:
             if cfg.save_rollouts
             else None
         )
+
+    def _make_engine(self) -> Any:
+        cfg = self.cfg
+        inner = self.acc.unwrap_model(self.model)
+        if cfg.engine.kind == "vllm":
+            return self._vllm_engine(inner)
+        from acmrl.engines.hf import HFEngine
+
+        # the engine samples from the very parameters being trained (PEFT injects its LoRA
+        # layers into the base model, so generating with the base model uses them)
+        gen_model = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+        return HFEngine(
+            gen_model,
+            self.tok,
+            reuse_cache=cfg.engine.reuse_cache,
+            max_batch=cfg.engine.max_batch,
+            max_sessions=max(64, cfg.concurrency),
+            seed=cfg.seed,
+        )
+
+    def _vllm_engine(self, inner: Any) -> Any:
+        """vLLM over the start model, serving the trained adapter, synced after every step."""
+        import dataclasses
+
+        from acmrl.models import resolve_model
+        from acmrl.rollout.run import vllm_engine
+
+        base = resolve_model(self.cfg.model.name)
+        if self.started_from_adapter:  # vLLM needs the merged SFT model as its base on disk
+            base = str(self.out / "vllm-base")
+            if self.acc.is_main_process and not (Path(base) / "config.json").exists():
+                merged = (
+                    copy.deepcopy(inner).merge_and_unload()
+                    if hasattr(inner, "merge_and_unload")
+                    else inner
+                )
+                merged.save_pretrained(base)
+                self.tok.save_pretrained(base)
+            self.acc.wait_for_everyone()
+        cfg = dataclasses.replace(self.cfg, model=dataclasses.replace(self.cfg.model, name=base))
+        engine = vllm_engine(cfg, enable_lora=True)
+        self._sync(engine, self.state["step"])
+        return engine
+
+    def _sync(self, engine: Any, step: int) -> None:
+        """Hand the current adapter to vLLM (saved per process, published by a rename)."""
+        import shutil
+
+        root = self.out / "sync" / f"rank{self.acc.process_index}"
+        final, tmp = root / f"step-{step:06d}", root / f".tmp-step-{step:06d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.acc.unwrap_model(self.model).save_pretrained(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        engine.load_adapter(str(final))
+        for old in root.glob("step-*"):
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
 
     # -- one step ---------------------------------------------------------------------------------
 
@@ -397,6 +444,8 @@ class GRPOTrainer:
             for s in ep.traj.steps
             for c in ([s.call] if s.call else []) + list(s.helper_calls)
         )
+        if self.cfg.engine.kind == "vllm":  # the next rollouts sample the updated adapter
+            self._sync(self.engine, step + 1)
         metrics |= rollout_metrics([e.traj for e in episodes], terms)
         metrics |= {
             "reward/mean": sum(rewards) / len(rewards),
