@@ -105,3 +105,12 @@ def test_kl_to_the_teacher_topk_adds_to_the_loss(tmp_path, tiny_model_dir):
     cfg.kl_coef = 1.0
     with_kl = run_sft(cfg)
     assert with_kl["losses"][0] > plain["losses"][0] + 1e-4
+
+
+def test_runs_with_different_precision_in_one_process(tmp_path, dataset, tiny_model_dir):
+    """accelerate keeps one state per process; a bf16 run must not block a later fp32 run (the
+    demo and notebooks train several times in one process)."""
+    for i, precision in enumerate(["bf16", "no"]):
+        cfg = config(tmp_path / str(i), dataset, tiny_model_dir, max_steps=1)
+        cfg.optim.mixed_precision = precision
+        assert run_sft(cfg)["steps"] == 1

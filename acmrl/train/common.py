@@ -9,6 +9,28 @@ from pathlib import Path
 from typing import Any
 
 
+def make_accelerator(mixed_precision: str, log_with: list[str], project_dir: str) -> Any:
+    """A fresh ``Accelerator`` for one training run.
+
+    accelerate keeps one ``AcceleratorState`` per process and refuses a second ``Accelerator``
+    with another precision (the demo, a notebook or the tests run SFT and GRPO in one process).
+    The run-level state is dropped first; the process-level ``PartialState`` (the distributed
+    setup) is kept.
+    """
+    import torch
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    # without a GPU, cpu=True makes a torchrun / accelerate launch of n processes use gloo
+    return Accelerator(
+        cpu=not torch.cuda.is_available(),
+        mixed_precision=mixed_precision,
+        log_with=log_with or None,
+        project_dir=project_dir,
+    )
+
+
 def adapter_base(path: str | Path) -> str | None:
     """The base model of a PEFT adapter folder, or None when ``path`` is not one."""
     cfg = Path(path) / "adapter_config.json"

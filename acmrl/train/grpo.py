@@ -76,7 +76,7 @@ from acmrl.rollout.agent import Episode
 from acmrl.rollout.records import Trajectory
 from acmrl.rollout.worker import JsonlLog, episode_id, run_episodes
 from acmrl.train.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
-from acmrl.train.common import build_model, lr_lambda, progress_bar
+from acmrl.train.common import build_model, lr_lambda, make_accelerator, progress_bar
 from acmrl.train.loss import entropy, group_advantages, grpo_loss, target_logprobs
 from acmrl.train.samples import Sample, trajectory_samples
 
@@ -199,8 +199,6 @@ class GRPOTrainer:
     def __init__(
         self, cfg: GRPOConfig, *, resume: bool = False, env: Environment | None = None
     ) -> None:
-        from accelerate import Accelerator
-
         torch.manual_seed(cfg.seed)
         self.cfg = cfg
         self.out = Path(cfg.output)
@@ -211,12 +209,7 @@ class GRPOTrainer:
         self.tasks = self.env.tasks(cfg.env.split)[: cfg.env.limit]
         if not self.tasks:
             raise ValueError(f"env {cfg.env.name!r} split {cfg.env.split!r} has no tasks")
-        self.acc = Accelerator(
-            cpu=not torch.cuda.is_available(),
-            mixed_precision=cfg.optim.mixed_precision,
-            log_with=cfg.log_with or None,
-            project_dir=str(self.out),
-        )
+        self.acc = make_accelerator(cfg.optim.mixed_precision, cfg.log_with, str(self.out))
         model, self.tok, self.started_from_adapter = build_model(cfg, ckpt)
         self.ref = None
         if cfg.kl_coef > 0 and not cfg.lora.enabled:

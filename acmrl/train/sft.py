@@ -23,7 +23,7 @@ import torch
 
 from acmrl.config import SFTConfig, to_dict
 from acmrl.train.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
-from acmrl.train.common import build_model, lr_lambda, progress_bar
+from acmrl.train.common import build_model, lr_lambda, make_accelerator, progress_bar
 from acmrl.train.loss import sft_loss, target_logprobs, topk_kl_at
 
 
@@ -103,21 +103,13 @@ def run_sft(
     cfg: SFTConfig, *, resume: bool = False, stop_after: int | None = None
 ) -> dict[str, Any]:
     """Train; ``stop_after`` ends the process-like run early after that many steps (tests)."""
-    from accelerate import Accelerator
-
     torch.manual_seed(cfg.seed)
     out = Path(cfg.output)
     ckpt = latest_checkpoint(out) if resume else None
     if resume and ckpt is None:
         raise ValueError(f"--resume: no complete checkpoint under {out}/checkpoints")
     samples = load_samples(cfg)
-    # without a GPU, cpu=True makes a torchrun / accelerate launch of n processes use gloo
-    acc = Accelerator(
-        cpu=not torch.cuda.is_available(),
-        mixed_precision=cfg.optim.mixed_precision,
-        log_with=cfg.log_with or None,
-        project_dir=str(out),
-    )
+    acc = make_accelerator(cfg.optim.mixed_precision, cfg.log_with, str(out))
     model, tok, _ = build_model(cfg, ckpt)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
