@@ -91,3 +91,19 @@ def test_target_logprobs_match_the_full_computation(tiny_model_dir):
     assert logits.shape == (8, model.config.vocab_size)
     assert torch.allclose(lp, full * mask, atol=1e-5)
     assert (lp[mask == 0] == 0).all()
+
+
+def test_target_logprobs_fallback_for_older_transformers(tiny_model_dir, monkeypatch):
+    """Without boolean logits_to_keep (transformers < 5.2x) the full logits are selected: same
+    numbers."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    ids = torch.randint(0, 1000, (2, 7), generator=torch.Generator().manual_seed(1))
+    attn = torch.ones_like(ids)
+    mask = torch.tensor([[0, 0, 1, 1, 0, 1, 1], [0, 1, 1, 0, 0, 0, 0]])
+    fast, _ = L.target_logprobs(model, ids, attn, mask)
+    monkeypatch.setattr(L, "_keeps_masks", lambda: False)
+    slow, logits = L.target_logprobs(model, ids, attn, mask)
+    assert logits.shape == (6, model.config.vocab_size)
+    assert torch.allclose(fast, slow, atol=1e-5)

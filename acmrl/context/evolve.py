@@ -114,7 +114,9 @@ def _js_error(exc: Exception, limits: EvolveLimits) -> str:
         return f"stack limit of {limits.stack_bytes // KiB} KiB exceeded"
     if "interrupted" in first:
         return f"time limit of {limits.time_ms} ms exceeded"
-    if "out of memory" in first or first == "null":
+    # at the heap limit QuickJS may fail to allocate even the error's message, and the binding
+    # then reports that it could not read it
+    if "out of memory" in first or first == "null" or "Failed obtaining QuickJS error" in first:
         return f"memory limit of {limits.heap_bytes // MiB} MiB exceeded"
     if "[harness] " in first:
         return first.split("[harness] ", 1)[1]

@@ -10,6 +10,7 @@ long turn weighs by its tokens, not as one sample (the DAPO / Dr. GRPO choice).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,15 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     picked = logp.gather(-1, input_ids[:, 1:, None])[..., 0]
     return F.pad(picked, (1, 0))
+
+
+@cache
+def _keeps_masks() -> bool:
+    """Whether this transformers takes a boolean ``[B, T]`` mask as ``logits_to_keep``
+    (``slice_logits_to_keep``, transformers >= 5.2x)."""
+    from transformers import modeling_utils
+
+    return hasattr(modeling_utils, "slice_logits_to_keep")
 
 
 def target_logprobs(
@@ -43,8 +53,12 @@ def target_logprobs(
     tmask[:, 1:] = mask[:, 1:].bool()
     keep = torch.zeros_like(tmask)
     keep[:, :-1] = tmask[:, 1:]  # position t predicts token t + 1
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
-    logits = logits.reshape(-1, logits.shape[-1]).float() / temperature
+    if _keeps_masks():
+        out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep)
+        logits = out.logits.reshape(-1, out.logits.shape[-1])
+    else:  # older transformers slice with a 1-D index only: project everywhere, then select
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[keep]
+    logits = logits.float() / temperature
     targets = input_ids[tmask]
     picked = logits.gather(-1, targets[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
     full = torch.zeros(mask.shape, dtype=picked.dtype, device=picked.device)
