@@ -23,7 +23,8 @@ from pathlib import Path
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--debug", action="store_true")
     a = p.parse_args()
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -80,11 +81,26 @@ def main() -> None:
         for step in range(a.steps):
             lora_id = trainer.engine._lora.lora_int_id
             m = trainer.step(step)
+            if a.debug:
+                eps, _ = trainer.rollout(step)
+                for ep in eps[:3]:
+                    c = ep.traj.steps[0].call
+                    print("  sample", c.completion_ids, [round(x, 4) for x in c.logprobs])
             print(
                 f"step {step + 1}: sampled with LoRA id {lora_id}; reward "
                 f"{m['reward/mean']:.3f}; logprob mismatch vLLM vs trainer "
-                f"{m['train/logprob_mismatch']:.4f}; loss {m['train/loss']:.4f}"
+                f"{m['train/logprob_mismatch']:.2e}; loss {m['train/loss']:.4f}"
             )
+        # control: vLLM samples without the adapter (a stale policy); the trainer has moved
+        trainer.engine.use_lora = False
+        episodes, _ = trainer.rollout(a.steps)
+        _, adv, _ = trainer.advantages(episodes)
+        samples, sample_adv, _ = trainer.samples(episodes, adv)
+        m = trainer.update(samples, sample_adv)
+        print(
+            "control, adapter off in vLLM: logprob mismatch vLLM vs trainer "
+            f"{m['train/logprob_mismatch']:.2e}"
+        )
 
 
 if __name__ == "__main__":
