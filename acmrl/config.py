@@ -347,6 +347,12 @@ class AgentConfig:
 ARMS = ("react", "summary", "acm", "evolve")
 
 
+def check_arms(arms: list[str]) -> None:
+    """Every arm known, at least one."""
+    if not arms or any(a not in ARMS for a in arms):
+        raise ConfigError(f"arms: got {arms}, each must be one of {', '.join(ARMS)}")
+
+
 @dataclasses.dataclass
 class EnvConfig:
     """Which tasks to run."""
@@ -411,9 +417,7 @@ class RolloutConfig:
     tensorboard: bool = option(True, "log per-arm metrics to TensorBoard next to the output")
 
     def check(self) -> None:
-        bad = [a for a in self.arms if a not in ARMS]
-        if bad or not self.arms:
-            raise ConfigError(f"arms: got {self.arms}, each must be one of {', '.join(ARMS)}")
+        check_arms(self.arms)
 
 
 @dataclasses.dataclass
@@ -486,9 +490,7 @@ class AnnotateConfig:
     shard: str = option("0/1", "this job's part of the tasks, i/n (tasks i, i+n, i+2n, ...)")
 
     def check(self) -> None:
-        bad = [a for a in self.arms if a not in ARMS]
-        if bad or not self.arms:
-            raise ConfigError(f"arms: got {self.arms}, each must be one of {', '.join(ARMS)}")
+        check_arms(self.arms)
         m = re.fullmatch(r"(\d+)/(\d+)", self.shard)
         if not m or not 0 <= int(m.group(1)) < int(m.group(2)):
             raise ConfigError(f"shard: got {self.shard!r}, expected i/n with 0 <= i < n, e.g. 0/4")
@@ -611,9 +613,7 @@ class GRPOConfig:
     log_with: list[str] = option(["tensorboard"], "trackers: tensorboard, wandb, mlflow")
 
     def check(self) -> None:
-        bad = [a for a in self.arms if a not in ARMS]
-        if bad or not self.arms:
-            raise ConfigError(f"arms: got {self.arms}, each must be one of {', '.join(ARMS)}")
+        check_arms(self.arms)
         if self.sampling.temperature <= 0:
             raise ConfigError(
                 "sampling.temperature: GRPO needs sampling (> 0); greedy rollouts of a group "
@@ -682,9 +682,7 @@ class EvalConfig:
     machine: str | None = option(None, "a description of the machine, printed in the report")
 
     def check(self) -> None:
-        bad = [a for a in self.arms if a not in ARMS]
-        if bad or not self.arms:
-            raise ConfigError(f"arms: got {self.arms}, each must be one of {', '.join(ARMS)}")
+        check_arms(self.arms)
         if self.samples > 1 and self.sampling.temperature <= 0:
             raise ConfigError(
                 "samples > 1 needs sampling.temperature > 0: greedy samples are identical"

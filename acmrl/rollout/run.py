@@ -79,6 +79,25 @@ def vllm_engine(cfg: Any, enable_lora: bool = False) -> Engine:
     )
 
 
+def make_episode(
+    cfg: Any, eid: str, env: Environment, task: Any, arm: str, sample: int, tokenizer: Any
+) -> Episode:
+    """An episode of a config with ``agent``, ``sampling``, ``model`` and ``seed``; its sampling
+    seed derives from the config's seed and the episode id, so a rerun samples the same."""
+    return Episode(
+        eid,
+        env,
+        task,
+        arm,
+        tokenizer,
+        agent=cfg.agent,
+        sampling=cfg.sampling,
+        sample=sample,
+        seed=cfg.seed * 1_000_003 + zlib.crc32(eid.encode()),
+        model=cfg.model.name,
+    )
+
+
 def plan_episodes(
     cfg: RolloutConfig, env: Environment, tokenizer: Any, skip: set[str]
 ) -> Iterator[Episode]:
@@ -89,19 +108,7 @@ def plan_episodes(
                 eid = episode_id(task.id, arm, sample)
                 if eid in skip:
                     continue
-                seed = cfg.seed * 1_000_003 + zlib.crc32(eid.encode())
-                yield Episode(
-                    eid,
-                    env,
-                    task,
-                    arm,
-                    tokenizer,
-                    agent=cfg.agent,
-                    sampling=cfg.sampling,
-                    sample=sample,
-                    seed=seed,
-                    model=cfg.model.name,
-                )
+                yield make_episode(cfg, eid, env, task, arm, sample, tokenizer)
 
 
 def _tensorboard(cfg: RolloutConfig) -> Any:

@@ -61,7 +61,6 @@ from __future__ import annotations
 import copy
 import random
 import time
-import zlib
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -74,6 +73,7 @@ from acmrl.envs.base import Task
 from acmrl.rewards import RewardWeights, trajectory_reward
 from acmrl.rollout.agent import Episode
 from acmrl.rollout.records import Trajectory
+from acmrl.rollout.run import make_episode
 from acmrl.rollout.worker import JsonlLog, episode_id, run_episodes
 from acmrl.train.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
 from acmrl.train.common import build_model, lr_lambda, make_accelerator, progress_bar
@@ -102,21 +102,7 @@ def step_episodes(
             for g in range(cfg.group_size):
                 # k tells apart a task drawn twice in one step (a split smaller than the step)
                 eid = f"s{step + 1}/{k}/" + episode_id(task.id, arm, g)
-                seed = cfg.seed * 1_000_003 + zlib.crc32(eid.encode())
-                episodes.append(
-                    Episode(
-                        eid,
-                        env,
-                        task,
-                        arm,
-                        tokenizer,
-                        agent=cfg.agent,
-                        sampling=cfg.sampling,
-                        sample=g,
-                        seed=seed,
-                        model=cfg.model.name,
-                    )
-                )
+                episodes.append(make_episode(cfg, eid, env, task, arm, g, tokenizer))
     return episodes
 
 
