@@ -157,7 +157,7 @@ def run_sft(
             {
                 "loss": losses[-1],
                 "nll": float(nll.detach()),
-                "kl": float(kl),
+                "kl": float(kl.detach()),
                 "lr": sched.get_last_lr()[0],
                 "target_tokens": int(batch["loss_mask"].sum()),
                 "tokens_per_s": tokens / max(1e-9, time.perf_counter() - t0),
