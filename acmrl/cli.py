@@ -310,8 +310,11 @@ def demo(
         str | None, typer.Option("--size", help="smoke, small, default (~20 min here), large")
     ] = None,
 ) -> None:
-    """The whole pipeline on the embedded default model: tasks, baseline eval, annotation, SFT,
-    GRPO, eval of the trained model, export; prints where the reports and the checkpoint are."""
+    """The whole pipeline on the embedded default model, from tasks to an exported checkpoint.
+
+    Stages: tasks, baseline eval, annotation, SFT, GRPO, eval of the trained model, export,
+    base vs trained; it prints where the reports and the checkpoint are.
+    """
     args = list(overrides or []) + ([f"size={size}"] if size else [])
     cfg = _load(DemoConfig, config, args)
     from acmrl.demo import run_demo
