@@ -43,8 +43,10 @@ Deliberate departures from textbook GRPO (DeepSeekMath):
   KL term, no gradient; it is not forwarded.
 - **Old logprobs are recomputed** by the trainer before the update (``old_logprobs=recompute``,
   as verl does) rather than taken from the engine: the engine's batched, cached decoding is not
-  bit-identical to the training forward, and the ratio must be 1 on the first update. The mean
-  absolute difference to the engine's logprobs is logged (``logprob_mismatch``).
+  bit-identical to the training forward, and the ratio must be 1 on the first update. With one
+  update per step they are the update's own forward, detached (as TRL does for one iteration);
+  with more, a separate no-grad pass before the first. The mean absolute difference to the
+  engine's logprobs is logged (``logprob_mismatch``).
 - **Temperature.** Logits are divided by the sampling temperature in the loss, so the trained
   distribution is the one sampled from (as TRL does).
 - **The reference** for the KL is the start model: the policy with its adapter disabled under
@@ -152,6 +154,11 @@ def collate(
         "advantages": torch.tensor(advantages, dtype=torch.float32),
     }
     return {k: v.to(device) for k, v in out.items()}
+
+
+def _mismatch(lp: torch.Tensor, batch: dict[str, torch.Tensor]) -> float:
+    """Summed absolute difference between the trainer's and the engine's target logprobs."""
+    return float(((lp - batch["engine_logprobs"]).abs() * batch["loss_mask"].float()).sum())
 
 
 def _forward(model: Any, batch: dict[str, torch.Tensor], temperature: float):
@@ -339,17 +346,19 @@ class GRPOTrainer:
             for idx in token_batches(samples, cfg.optim.batch_tokens, cfg.max_len)
         ]
         n_total = sum(float(b["loss_mask"].sum()) for b in batches)
-        # old and reference logprobs, before any update
+        # old and reference logprobs, before any update. With one update per step the old
+        # policy is the current one: its logprobs are the update's own forward, detached (the
+        # ratio is exactly 1), which saves a forward pass per batch
+        on_policy = cfg.updates_per_step == 1 and cfg.old_logprobs == "recompute"
         self.model.eval()
         mismatch = 0.0
         with torch.no_grad():
             for b in batches:
-                if cfg.old_logprobs == "recompute":
+                if cfg.old_logprobs == "recompute" and not on_policy:
                     _, lp = _forward(self.model, b, T)
-                    m = b["loss_mask"].float()
-                    mismatch += float(((lp - b["engine_logprobs"]).abs() * m).sum())
+                    mismatch += _mismatch(lp, b)
                     b["old_logprobs"] = lp
-                else:
+                elif not on_policy:
                     b["old_logprobs"] = b["engine_logprobs"]
                 if cfg.kl_coef > 0:
                     b["ref_logprobs"] = self._ref_logprobs(b, T)
@@ -359,9 +368,11 @@ class GRPOTrainer:
             sums = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio": 0.0, "entropy": 0.0}
             for b in batches:
                 logits, lp = _forward(self.model, b, T)
+                if on_policy:
+                    mismatch += _mismatch(lp.detach(), b)
                 out = grpo_loss(
                     lp,
-                    b["old_logprobs"],
+                    lp.detach() if on_policy else b["old_logprobs"],
                     b["advantages"],
                     b["loss_mask"],
                     clip_eps=cfg.clip_eps,
