@@ -47,6 +47,9 @@ Overrides = Annotated[
 ]
 
 
+Resume = Annotated[bool, typer.Option("--resume", help="continue from the latest checkpoint")]
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     """One clear line on stderr and a non-zero exit."""
     print(f"acmrl: error: {message}", file=sys.stderr)
@@ -200,13 +203,21 @@ def annotate(
     typer.echo(f"dataset: {cfg.output}/dataset (card: {cfg.output}/README.md)")
 
 
+def _trained(result: dict, label: str, series: list[float], final: str | None, out: str) -> None:
+    """The closing lines of a training command, one per process."""
+    series = series or [float("nan")]
+    typer.echo(
+        f"process {result['rank']} of {result['processes']}: steps {result['steps']}; "
+        f"{label} first {series[0]:.4f}, last {series[-1]:.4f}"
+    )
+    typer.echo(f"model: {final} (checkpoints: {out}/checkpoints)")
+
+
 @train_app.command()
 def sft(
     config: ConfigOpt = None,
     overrides: Overrides = None,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="continue from the latest checkpoint")
-    ] = False,
+    resume: Resume = False,
 ) -> None:
     """Supervised fine-tuning on a teacher-annotated dataset (LoRA or full; checkpoints, --resume)."""
     cfg = _load(SFTConfig, config, overrides)
@@ -217,21 +228,14 @@ def sft(
         result = run_sft(cfg, resume=resume)
     except (ModelError, ValueError) as exc:
         fail(str(exc))
-    losses = result["losses"]
-    typer.echo(
-        f"process {result['rank']} of {result['processes']}: steps {result['steps']}; "
-        f"loss first {losses[0]:.4f}, last {losses[-1]:.4f}"
-    )
-    typer.echo(f"model: {cfg.output}/final (checkpoints: {cfg.output}/checkpoints)")
+    _trained(result, "loss", result["losses"], f"{cfg.output}/final", cfg.output)
 
 
 @train_app.command()
 def grpo(
     config: ConfigOpt = None,
     overrides: Overrides = None,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="continue from the latest checkpoint")
-    ] = False,
+    resume: Resume = False,
 ) -> None:
     """Online GRPO on task success minus compaction cost (rollouts share the trained weights)."""
     cfg = _load(GRPOConfig, config, overrides)
@@ -243,12 +247,7 @@ def grpo(
         result = run_grpo(cfg, resume=resume)
     except (EnvError, ModelError, ValueError) as exc:
         fail(str(exc))
-    rewards = result["rewards"] or [float("nan")]
-    typer.echo(
-        f"process {result['rank']} of {result['processes']}: steps {result['steps']}; "
-        f"mean reward first {rewards[0]:.4f}, last {rewards[-1]:.4f}"
-    )
-    typer.echo(f"model: {result['final']} (checkpoints: {cfg.output}/checkpoints)")
+    _trained(result, "mean reward", result["rewards"], result["final"], cfg.output)
 
 
 @app.command(name="eval")

@@ -107,7 +107,10 @@ def combine(terms: Mapping[str, float], weights: RewardWeights) -> float:
 
 
 def trajectory_reward(
-    traj: Mapping[str, Any], budget: int, weights: RewardWeights
+    traj: Mapping[str, Any],
+    budget: int,
+    weights: RewardWeights,
+    success_threshold: float | None = None,
 ) -> tuple[float, dict[str, float]]:
     """Reward and terms of one trajectory dict (``Trajectory.to_dict()``)."""
     steps = traj.get("steps", [])
@@ -117,5 +120,6 @@ def trajectory_reward(
         budget=budget,
         malformed_calls=int(traj.get("metrics", {}).get("malformed_calls", 0)),
         steps=steps,
+        success_threshold=success_threshold,
     )
     return combine(terms, weights), terms

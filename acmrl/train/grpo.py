@@ -61,6 +61,7 @@ Deliberate departures from textbook GRPO (DeepSeekMath):
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 import time
 from contextlib import nullcontext
@@ -221,10 +222,7 @@ class GRPOTrainer:
         self.engine = self._make_engine()
         self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
         self.weights = RewardWeights(
-            success=cfg.reward.success,
-            compaction_cost=cfg.reward.compaction_cost,
-            malformed=cfg.reward.malformed,
-            compress_loops=cfg.reward.compress_loops,
+            **{f.name: getattr(cfg.reward, f.name) for f in dataclasses.fields(RewardWeights)}
         )
         self.log = (
             JsonlLog(self.out / f"rollouts-rank{self.acc.process_index}.jsonl", "episode_id")
@@ -306,10 +304,9 @@ class GRPOTrainer:
     ) -> tuple[list[float], list[float], list[dict[str, float]]]:
         rewards, terms = [], []
         for ep in episodes:
-            r, t = trajectory_reward(ep.traj.to_dict(), ep.budget, self.weights)
-            if self.cfg.reward.success_threshold is not None:
-                t["success"] = float(ep.traj.score >= self.cfg.reward.success_threshold)
-                r = r - self.weights.success * (ep.traj.score - t["success"])
+            r, t = trajectory_reward(
+                ep.traj.to_dict(), ep.budget, self.weights, self.cfg.reward.success_threshold
+            )
             rewards.append(r)
             terms.append(t)
         keys = {k: i for i, k in enumerate(dict.fromkeys(_group_key(e.id) for e in episodes))}
