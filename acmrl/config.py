@@ -463,6 +463,22 @@ class TeacherConfig:
 
 
 @dataclasses.dataclass
+class WeightsConfig:
+    """SFT weight of each target token (docs/train.md, "What SFT is taught"). Turns replayed
+    before a teacher's edit are never targets."""
+
+    teacher: float = option(1.0, "the teacher's edited turn of a resumed run", min=0.0)
+    after_success: float = option(
+        1.0, "student turns after an edit (and a student's own run) when the run succeeds", min=0.0
+    )
+    after_failure: float = option(
+        0.0, "the same turns when the run fails (a partial score interpolates)", min=0.0
+    )
+    demo_success: float = option(1.0, "every turn and note of a successful demonstration", min=0.0)
+    demo_failure: float = option(0.0, "the same for a failed demonstration; 0 drops it", min=0.0)
+
+
+@dataclasses.dataclass
 class AnnotateConfig:
     """`acmrl annotate`: student runs with and without context tools, teacher edits, resumes,
     and a Hugging Face dataset of trajectories and per-turn training samples."""
@@ -488,6 +504,9 @@ class AnnotateConfig:
     concurrency: int = option(8, "student episodes in flight at once", min=1)
     output: str = option("runs/annotate", "folder: records, the dataset, parquet files, the card")
     shard: str = option("0/1", "this job's part of the tasks, i/n (tasks i, i+n, i+2n, ...)")
+    weights: WeightsConfig = section(
+        WeightsConfig, "SFT weights of the samples (a rerun rebuilds the dataset with new ones)"
+    )
 
     def check(self) -> None:
         check_arms(self.arms)
@@ -562,6 +581,14 @@ class RewardConfig:
     malformed: float = option(0.01, "penalty per malformed tool call", min=0.0)
     compress_loops: float = option(
         0.05, "penalty per compaction with no environment call since the last one", min=0.0
+    )
+    failed_edits: float = option(
+        0.01, "penalty per refused context edit (an evolve whose code or result failed)", min=0.0
+    )
+    resource_use: float = option(
+        0.0,
+        "weight of (uncached input + generated tokens x output weight) / budget; 0: off",
+        min=0.0,
     )
     success_threshold: float | None = option(
         None, "score at or above which success is 1 (else 0); null keeps the raw score"

@@ -182,21 +182,95 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(resolve_model(name))
 
 
-def load_model(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a causal LM and its tokenizer as ``cfg`` says, in eval mode."""
+# A folder that adapters are trained on top of (the merged SFT policy a GRPO run starts from)
+# holds a random id; an adapter records its base's id and the base's path, absolute and
+# relative to itself, so that loading it on any other weights is refused.
+MODEL_ID_FILE = "acmrl_model_id"
+ADAPTER_BASE_FILE = "acmrl_base.json"
+
+
+def adapter_base(path: str | Path) -> str | None:
+    """The base model of a PEFT adapter folder, or None when ``path`` is not one. A moved run
+    folder still finds a base recorded relative to the adapter."""
+    path = Path(path)
+    cfg = path / "adapter_config.json"
+    if not cfg.is_file():
+        return None
+    base = json.loads(cfg.read_text())["base_model_name_or_path"]
+    record = path / ADAPTER_BASE_FILE
+    if record.is_file() and not Path(base).exists():
+        moved = (path / json.loads(record.read_text()).get("relative", "")).resolve()
+        if moved.exists():
+            return str(moved)
+    return base
+
+
+def model_id(folder: str | Path) -> str | None:
+    """The id of a folder acmrl published as a training base (None for any other model)."""
+    f = Path(folder) / MODEL_ID_FILE
+    return f.read_text().strip() if f.is_file() else None
+
+
+def check_adapter_base(adapter: str | Path, base: str) -> None:
+    """Refuse an adapter whose recorded base is not the folder it would be loaded on."""
+    record = Path(adapter) / ADAPTER_BASE_FILE
+    if not record.is_file():
+        return  # an adapter from elsewhere: nothing recorded to check
+    want = json.loads(record.read_text()).get("base_id")
+    if want is None:
+        return
+    got = model_id(resolve_model(base)) if Path(resolve_model(base)).exists() else None
+    if got != want:
+        raise ModelError(
+            f"adapter {adapter} was trained on the model with id {want} (recorded in "
+            f"{ADAPTER_BASE_FILE}), but its base {base!r} is "
+            + (f"the model with id {got}" if got else "another model")
+            + ": its outputs would not be the trained policy's. Point adapter_config.json's "
+            "base_model_name_or_path at the run's start-model folder."
+        )
+
+
+def load_model(
+    cfg: ModelConfig, with_tokenizer: bool = True
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None]:
+    """Load a causal LM and its tokenizer (unless ``with_tokenizer=False``: a checkpoint holds
+    the weights alone) as ``cfg`` says, in eval mode.
+
+    A PEFT adapter folder loads onto its base (checked against the base it was trained on) and
+    is merged, so the model computes exactly what the trained policy computed.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     configure_torch(cfg)
     where = resolve_model(cfg.name)
+    base = adapter_base(where)
+    if base is not None:
+        return _load_adapter(cfg, where, base)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(where)
+        tokenizer = AutoTokenizer.from_pretrained(where) if with_tokenizer else None
         model = AutoModelForCausalLM.from_pretrained(where, dtype=getattr(torch, cfg.dtype))
     except OSError as exc:
         raise ModelError(f"cannot load model {cfg.name!r}: {exc}") from exc
     model.to(pick_device(cfg.device))
     model.eval()
     return model, tokenizer
+
+
+def _load_adapter(
+    cfg: ModelConfig, where: str, base: str
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    import dataclasses
+
+    from peft import PeftModel
+    from transformers import AutoTokenizer
+
+    check_adapter_base(where, base)
+    model, tokenizer = load_model(dataclasses.replace(cfg, name=base))
+    if (Path(where) / "tokenizer_config.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(where)
+    merged = PeftModel.from_pretrained(model, where).merge_and_unload()
+    return merged.eval(), tokenizer
 
 
 def build_tiny_model(out_dir: Path, tokenizer_from: str, seed: int = 0, **overrides: Any) -> Path:

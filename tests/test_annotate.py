@@ -229,8 +229,9 @@ def test_demonstrations_are_whole_teacher_episodes(tokenizer):
     for d in demos:
         assert d.edit["kind"] == "demonstration"
         assert all(s.call.role == "teacher" for s in d.steps if s.call is not None)
-        for s in trajectory_samples(d):
-            assert set(s.origin) <= {ENV, TEACHER} and s.weight == 1.0
+        for s in trajectory_samples(d, helpers=True):
+            # a failed demonstration (react overflowing) teaches nothing by default
+            assert set(s.origin) <= {ENV, TEACHER} and s.weight == d.score
             assert s.loss_mask == [int(o == TEACHER) for o in s.origin]
     summaries = [c for d in acm for s in d.steps for c in s.helper_calls]
     assert summaries and all(c.role == "summariser" for c in summaries)

@@ -55,6 +55,8 @@ def test_trajectory_reward_from_a_rollout_record():
         "compaction_cost": 1.0,
         "malformed": 3.0,
         "compress_loops": 1.0,
+        "failed_edits": 0.0,
+        "resource_use": 0.0,  # the record has no token counts
     }
     # 1 - 0.1 * 1.0 - 0.01 * 3 - 0.05 * 1 = 0.82
     assert reward == pytest.approx(0.82)

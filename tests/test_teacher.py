@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from acmrl.config import AgentConfig, SamplingConfig
@@ -217,6 +219,10 @@ def test_evolve_injection_keeps_the_facts(env, tiny):
         sampling=SamplingConfig(max_new_tokens=64),
     )
     event = traj.steps[a.step].events[0]
-    assert event.kind == "evolve" and event.applied and event.tokens_after < event.tokens_before
+    assert event.kind == "evolve" and event.applied
+    receipt = json.loads(traj.steps[a.step].observations[-1])  # what the edit did to the State
+    assert receipt["tokens_after"] < receipt["tokens_before"]
+    # the event is charged on the next input actually sent
+    assert event.tokens_after == len(traj.steps[a.step + 1].call.prompt_ids)
     assert traj.score == 1.0
     assert task.metadata["key_fact"] in str(traj.final_state)  # the birth year survived the edit

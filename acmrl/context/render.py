@@ -232,6 +232,10 @@ def render_turn(text: str, calls: list[tuple[str, dict[str, Any]]]) -> str:
 class ToolCall:
     name: str
     arguments: dict[str, Any]
+    # where the call's <tool_call> block sits in the completion text (characters): the agent
+    # counts the tokens the model generated for it from this
+    span: tuple[int, int] = field(default=(0, 0), compare=False)
+    tokens: int = field(default=0, compare=False)  # those tokens (set by the agent loop)
 
     @property
     def arguments_json(self) -> str:
@@ -356,7 +360,11 @@ def parse_completion(text: str, tools: list[dict[str, Any]]) -> ParsedTurn:
         prose.append(text[pos : match.start()])
         pos = match.end()
         result = _check_call(index, match.group(1).strip(), schemas)
-        (calls if isinstance(result, ToolCall) else errors).append(result)
+        if isinstance(result, ToolCall):
+            result.span = match.span()
+            calls.append(result)
+        else:
+            errors.append(result)
         index += 1
     tail = text[pos:]
     if TOOL_CALL_OPEN in tail:

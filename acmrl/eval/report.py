@@ -12,8 +12,10 @@ Definitions (per arm; an *episode* is one task x sample):
 - **Context tokens**: the complete rendered model input of each policy call (system prompt and
   tools included); *mean* averages every call of every episode, *peak* is each episode's largest
   input, averaged over episodes (and its maximum).
-- **Compaction Cost** (DESIGN.md): per episode, the sum over its compactions and memory queries of
-  call tokens x output weight + helper tokens + Cache Cost; also in units of the budget.
+- **Compaction Cost** (DESIGN.md): per episode, the sum over its compactions, refused edits and
+  memory queries of call tokens x output weight + helper tokens + Cache Cost (measured on the
+  next input actually sent; docs/rollout.md); also in units of the budget. **Failed edits**:
+  context edits that were refused (charged all the same), per episode.
 - **Cache reuse**: prompt tokens of policy calls that the engine served from its cache
   (*measured*), and the most any prefix cache could have served (*bound*: the common prefix of each
   call's input with the previous call's input and output), both over all policy prompt tokens.
@@ -105,6 +107,7 @@ def episode_row(t: Trajectory, budget: int) -> dict[str, Any]:
         "peak_context_tokens": int(m.get("peak_context_tokens", 0)),
         "budget": budget,
         "compactions": int(m.get("compactions", 0)),
+        "failed_edits": sum(not e.applied and e.kind != "query_memory" for e in events),
         "compaction_cost": float(m.get("compaction_cost", 0.0)),
         "compaction_at": [
             e.tokens_before / budget for e in events if e.kind in COMPACTIONS and e.applied
@@ -198,6 +201,7 @@ def arm_summary(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
         "max_peak_context_tokens": max((r["peak_context_tokens"] for r in rows), default=0),
         "budget": max((r["budget"] for r in rows), default=0),
         "compactions": _mean(rows, "compactions"),
+        "failed_edits": sum(r.get("failed_edits", 0) for r in rows) / n if n else 0.0,
         "compaction_cost": _mean(rows, "compaction_cost"),
         "compaction_cost_budget": sum(r["compaction_cost"] / r["budget"] for r in rows) / n
         if n

@@ -10,6 +10,13 @@ rollout), so it can be unit-tested by hand and logged separately; the weights li
 (0.1465, 1.0, 0.0)
 >>> round(combine(terms, RewardWeights()), 4)  # 1 - 0.1 * 300/2048 - 0.01 * 1 - 0.05 * 0
 0.9754
+
+Resource use (seed 001: "reward the model for both task performance and total resource use")
+is an optional term, off by default: the episode's uncached input tokens plus its generated
+tokens at the output weight, in units of the budget.
+
+>>> round(resource_use(uncached_input=1500, generated=200, output_weight=4.0, budget=2048), 4)
+1.123
 """
 
 from __future__ import annotations
@@ -23,12 +30,15 @@ COMPACTIONS = ("manage_context", "evolve", "summary")
 
 @dataclass(frozen=True)
 class RewardWeights:
-    """reward = success * w_success - cost * w_cost - malformed * w_malformed - loops * w_loops."""
+    """reward = success * w_success - each cost term * its weight (compaction cost, malformed
+    calls, compress loops, failed edits, resource use)."""
 
     success: float = 1.0
     compaction_cost: float = 0.1
     malformed: float = 0.01
     compress_loops: float = 0.05
+    failed_edits: float = 0.01
+    resource_use: float = 0.0
 
 
 def task_success(score: float, threshold: float | None = None) -> float:
@@ -77,6 +87,23 @@ def compress_loops(steps: Iterable[Mapping[str, Any]]) -> int:
     return loops
 
 
+def failed_edits(events: Iterable[Mapping[str, Any]]) -> int:
+    """Context edits that were refused (an ``evolve`` whose code failed or whose result was
+    invalid): charged their tokens like any edit, and counted here.
+
+    >>> failed_edits([{"kind": "evolve", "applied": False}, {"kind": "evolve", "applied": True}])
+    1
+    """
+    return sum(e.get("kind") != "query_memory" and not e.get("applied", True) for e in events)
+
+
+def resource_use(uncached_input: int, generated: int, output_weight: float, budget: int) -> float:
+    """(uncached input tokens + generated tokens x output weight) / budget."""
+    if budget <= 0:
+        raise ValueError(f"budget must be > 0, got {budget}")
+    return (uncached_input + generated * output_weight) / budget
+
+
 def reward_terms(
     *,
     score: float,
@@ -85,20 +112,27 @@ def reward_terms(
     malformed_calls: int,
     steps: Iterable[Mapping[str, Any]],
     success_threshold: float | None = None,
+    uncached_input: int = 0,
+    generated: int = 0,
+    output_weight: float = 1.0,
 ) -> dict[str, float]:
     """Every term, unweighted, for logging; :func:`combine` weighs them."""
+    events = list(events)
     return {
         "success": task_success(score, success_threshold),
         "compaction_cost": compaction_cost(events, budget),
         "malformed": float(malformed_calls),
         "compress_loops": float(compress_loops(steps)),
+        "failed_edits": float(failed_edits(events)),
+        "resource_use": resource_use(uncached_input, generated, output_weight, budget),
     }
 
 
 def combine(terms: Mapping[str, float], weights: RewardWeights) -> float:
     """The scalar reward: success minus the weighted costs.
 
-    >>> combine({"success": 1.0, "compaction_cost": 0.5, "malformed": 2.0, "compress_loops": 0.0},
+    >>> combine({"success": 1.0, "compaction_cost": 0.5, "malformed": 2.0, "compress_loops": 0.0,
+    ...          "failed_edits": 0.0, "resource_use": 3.0},
     ...         RewardWeights(compaction_cost=0.2, malformed=0.05))
     0.8
     """
@@ -111,15 +145,20 @@ def trajectory_reward(
     budget: int,
     weights: RewardWeights,
     success_threshold: float | None = None,
+    output_weight: float = 1.0,
 ) -> tuple[float, dict[str, float]]:
     """Reward and terms of one trajectory dict (``Trajectory.to_dict()``)."""
     steps = traj.get("steps", [])
+    metrics = traj.get("metrics", {})
     terms = reward_terms(
         score=float(traj.get("score", 0.0)),
         events=[e for s in steps for e in s.get("events", [])],
         budget=budget,
-        malformed_calls=int(traj.get("metrics", {}).get("malformed_calls", 0)),
+        malformed_calls=int(metrics.get("malformed_calls", 0)),
         steps=steps,
         success_threshold=success_threshold,
+        uncached_input=int(metrics.get("uncached_input_tokens", 0)),
+        generated=int(metrics.get("generated_tokens", 0)),
+        output_weight=output_weight,
     )
     return combine(terms, weights), terms

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from acmrl.config import ARMS, AgentConfig, SamplingConfig
 from acmrl.context.archive import Archive, ArchiveError
 from acmrl.context.evolve import EVOLVE_TOOL_SCHEMA, STATE_PROMPT, EvolveLimits, apply_evolve
-from acmrl.context.prefix import cache_cost, compaction_cost, reusable_prefix
-from acmrl.context.render import Renderer, ToolCall, format_tool_call, parse_completion
+from acmrl.context.prefix import compaction_cost, reusable_prefix
+from acmrl.context.render import Renderer, ToolCall, parse_completion
 from acmrl.context.state import (
     EVOLVE_TOOL,
     State,
@@ -60,11 +61,15 @@ class Episode:
         sample: int = 0,
         seed: int = 0,
         model: str = "",
+        sample_helpers: bool = False,
     ) -> None:
         if arm not in ARMS:
             raise ValueError(f"unknown arm {arm!r}; arms: {', '.join(ARMS)}")
         self.id, self.env, self.task, self.arm = episode_id, env, task, arm
         self.agent, self.sampling, self.seed = agent, sampling, seed
+        # helper calls that are trained (GRPO's train_helpers) must be sampled from the policy,
+        # as its turns are; otherwise they are greedy
+        self.sample_helpers = sample_helpers
         self.budget = agent.max_context_tokens or env.max_context_tokens or 8192
         self.session = env.session(task)
         extra = {"acm": prompts.ACM_TOOLS, "evolve": [EVOLVE_TOOL_SCHEMA]}.get(arm, [])
@@ -78,6 +83,7 @@ class Episode:
         self.turn = 0
         self.queue: list[ToolCall] = []
         self.last_input: list[int] = []  # the last policy prompt + completion: what is cached
+        self._pending: list[_Pending] = []  # context events waiting for the next input
         self._resume: Callable[[Completion], None] | None = None
         self.pending_role = "policy"
         self._step: Step | None = None
@@ -119,6 +125,10 @@ class Episode:
 
     def finish(self, status: str, error: str | None = None) -> None:
         self.phase = "done"
+        if self._pending and status != "error":
+            # the episode ends before another input is sent: the edit is charged against the
+            # input it would have been, never free
+            self._settle(self.renderer.ids(self.state))
         t = self.traj
         t.status, t.error = status, error
         t.answer = self.session.answer
@@ -137,7 +147,9 @@ class Episode:
             session_id=self.id + suffix,
             prompt_ids=ids,
             max_tokens=max_tokens,
-            temperature=self.sampling.temperature if role == "policy" else 0.0,
+            temperature=self.sampling.temperature
+            if role == "policy" or self.sample_helpers
+            else 0.0,
             top_p=self.sampling.top_p,
             stop=list(self.sampling.stop) if role == "policy" else [],
             seed=(self.seed * 100_003 + self.turn * 7 + len(self.traj.steps)) % (1 << 62),
@@ -169,6 +181,7 @@ class Episode:
         ):
             self.phase = "summarise"
             return None
+        self._settle(ids)
         if len(ids) > self.budget:
             self.finish("overflow", f"the input has {len(ids)} tokens; the budget is {self.budget}")
             return None
@@ -189,6 +202,7 @@ class Episode:
         else:  # keep what the model wrote, malformed calls included, so it can see its mistake
             self.state.append(assistant(c.text.strip() or "(no reply)"))
         if parsed.calls:
+            self._count_call_tokens(parsed.calls, c)
             self.queue = list(parsed.calls)
             self.phase = "tools"
             return
@@ -246,9 +260,9 @@ class Episode:
         step.actions.append({"name": call.name, "arguments": call.arguments})
         self.state.append(function_call(call_id, call.name, call.arguments))
         if call.name == prompts.MANAGE_CONTEXT:
-            return self._manage_context(call_id)
+            return self._manage_context(call_id, call.tokens)
         if call.name == prompts.QUERY_MEMORY:
-            return self._query_memory(call_id, call.arguments)
+            return self._query_memory(call_id, call.arguments, call.tokens)
         if call.name == EVOLVE_TOOL:
             self._evolve(call)
             return None
@@ -263,30 +277,84 @@ class Episode:
         assert self._step is not None
         self._step.observations.append(text)
 
-    def _call_tokens(self, call: dict[str, Any]) -> int:
-        return self.renderer.count(format_tool_call(call["name"], call["arguments"]))
+    # -- costs ------------------------------------------------------------------------------------
+
+    def _count_call_tokens(self, calls: list[ToolCall], c: Completion) -> None:
+        """Set ``call.tokens``: the completion tokens the model generated for each call, from the
+        end of the previous call's block (so the prose that leads to a call counts with it) to
+        the end of its own ``<tool_call>`` block."""
+        decode = self.renderer.tokenizer.decode
+        ids = c.completion_ids
+
+        def tokens_until(end: int) -> int:  # fewest tokens whose text reaches char ``end``
+            lo, hi = 0, len(ids)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if len(decode(ids[:mid], skip_special_tokens=False)) >= end:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            return lo
+
+        done = 0
+        for call in calls:
+            upto = tokens_until(call.span[1])
+            call.tokens = max(0, upto - done)
+            done = max(done, upto)
 
     def _event(
-        self, kind: str, after: State, call_tokens: int, helper: ModelCall | None, **kw: Any
+        self,
+        kind: str,
+        call_tokens: int,
+        helper: ModelCall | None,
+        own_tokens: int = 0,
+        **kw: Any,
     ) -> ContextEvent:
-        before_ids = self.last_input
-        after_ids = self.renderer.ids(after, add_generation_prompt=False)
-        cost = cache_cost(before_ids, after_ids)
+        """A context event whose cache figures are filled in by :meth:`_settle` on the next
+        model input; its generated tokens (the call's and the helper's) and the helper's
+        unreused prompt are known now."""
         gen = len(helper.completion_ids) if helper else 0
         read = len(helper.prompt_ids) - helper.cached_prefix_tokens if helper else 0
-        return ContextEvent(
+        event = ContextEvent(
             kind,
-            len(before_ids),
-            len(after_ids),
-            reusable_prefix(before_ids, after_ids),
-            cost,
+            0,
+            0,
+            0,
+            0,
             call_tokens,
             gen + (len(helper.prompt_ids) if helper else 0),
-            # generated tokens (the call and the helper's) at the output weight, plus every input
-            # token processed anew: the policy's Cache Cost and the helper's unreused prompt
-            compaction_cost(call_tokens + gen, cost + read, self.agent.output_weight),
+            0.0,
             **kw,
         )
+        fixed = compaction_cost(call_tokens + gen, read, self.agent.output_weight)
+        self._pending.append(_Pending(event, fixed, own_tokens))
+        return event
+
+    def _settle(self, ids: list[int]) -> None:
+        """Charge the pending events on ``ids``, the next model input actually sent (seed 001):
+        Cache Cost = its tokens - the prefix it shares with the previous input + completion,
+        receipts, other tool outputs, notes and the generation header included.
+
+        The edits of one completion (``manage_context``, ``evolve`` applied or refused, the
+        summary monitor) share that one Cache Cost: the first carries it, the others 0. A
+        ``query_memory`` breaks no prefix: when no edit came with it, it is charged only the
+        tokens its own output adds, not the environment's outputs of the same completion.
+        """
+        if not self._pending:
+            return
+        before = self.last_input
+        prefix = reusable_prefix(before, ids)
+        new = len(ids) - prefix
+        edits = [p for p in self._pending if p.event.kind != "query_memory"]
+        for p in self._pending:
+            e = p.event
+            e.tokens_before, e.tokens_after, e.reusable_prefix = len(before), len(ids), prefix
+            if edits:
+                e.cache_cost = new if p is edits[0] else 0
+            else:
+                e.cache_cost = min(new, p.own_tokens)
+            e.compaction_cost = p.fixed + e.cache_cost
+        self._pending = []
 
     # -- acm: manage_context / query_memory -------------------------------------------------------
 
@@ -312,7 +380,7 @@ class Episode:
             lambda c: on_done(c.text.strip(), self._record("summariser", ids, c)),
         )
 
-    def _manage_context(self, call_id: str) -> Request | None:
+    def _manage_context(self, call_id: str, call_tokens: int) -> Request | None:
         start, call_item = self._boundary(), self.state[-1]
         items = self.state[start:-1]
         if not items:
@@ -323,16 +391,14 @@ class Episode:
             assert self.archive is not None and self._step is not None
             sid = self.archive.put(items, summary)
             self.state = [*self.state[:start], prompts.summary_item(summary, sid), call_item]
-            event = self._event(
-                "manage_context", self.state, self._call_tokens(call_item), helper, summary_id=sid
-            )
+            event = self._event("manage_context", call_tokens, helper, summary_id=sid)
             self._step.helper_calls.append(helper)
             self._step.events.append(event)
             self._output(call_id, f"Compacted {len(items)} items into summary {sid}.")
 
         return self._summarise(items, done)
 
-    def _query_memory(self, call_id: str, args: dict[str, Any]) -> Request | None:
+    def _query_memory(self, call_id: str, args: dict[str, Any], call_tokens: int) -> Request | None:
         assert self.archive is not None
         sid = args["summary_id"].strip()
         try:
@@ -355,16 +421,12 @@ class Episode:
             assert self._step is not None
             helper = self._record("querier", ids, c)
             self._step.helper_calls.append(helper)
-            self._step.events.append(
-                self._event(
-                    "query_memory",
-                    self.state,
-                    self._call_tokens(self.state[-1]),
-                    helper,
-                    summary_id=sid,
-                )
-            )
+            without = len(self.renderer.ids(self.state, add_generation_prompt=False))
             self._output(call_id, f"[from {sid}] {c.text.strip() or '(nothing found)'}")
+            own = len(self.renderer.ids(self.state, add_generation_prompt=False)) - without
+            self._step.events.append(
+                self._event("query_memory", call_tokens, helper, own, summary_id=sid)
+            )
 
         return self._ask("querier", ids, self.agent.query_max_tokens, done)
 
@@ -377,7 +439,7 @@ class Episode:
             self.state = [self.state[0], prompts.summary_item(summary or "(empty)", None)]
             step = Step(self.turn, None, origin="harness")
             step.helper_calls.append(helper)
-            step.events.append(self._event("summary", self.state, 0, helper))
+            step.events.append(self._event("summary", 0, helper))
             self.traj.steps.append(step)
             self.phase = "generate"
 
@@ -391,29 +453,31 @@ class Episode:
         limits = EvolveLimits(
             time_ms=self.agent.evolve_time_ms, heap_bytes=self.agent.evolve_heap_mb * MiB
         )
-        call_item = self.state[-1]
         result = apply_evolve(
             self.state,
             limits,
             renderer=self.renderer,
-            call_tokens=self._call_tokens(call_item),
+            call_tokens=call.tokens,
             output_weight=self.agent.output_weight,
             before_ids=self.last_input,
         )
-        body = result.receipt
         self.state = result.state
         self._step.observations.append(output_text(self.state[-1]))
+        # applied or refused, the edit is charged its generated tokens and the Cache Cost of
+        # the next input (the receipt's figures tell the model what the edit itself did)
         self._step.events.append(
-            ContextEvent(
-                "evolve",
-                body.get("tokens_before", 0),
-                body.get("tokens_after", 0),
-                body.get("reusable_prefix", 0),
-                body.get("cache_cost", 0),
-                body.get("call_tokens", self._call_tokens(call_item)),
-                0,
-                float(body.get("compaction_cost", 0.0)),
-                applied=result.applied,
-                detail=result.error or "",
+            self._event(
+                "evolve", call.tokens, None, applied=result.applied, detail=result.error or ""
             )
         )
+
+
+@dataclass
+class _Pending:
+    """A context event waiting for the next model input: its cost so far (generated tokens at
+    the output weight, the helper's unreused prompt) and, for ``query_memory``, the tokens its
+    own output adds to the input."""
+
+    event: ContextEvent
+    fixed: float
+    own_tokens: int

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from acmrl.context.prefix import reusable_prefix
+
 STATUSES = ("answered", "overflow", "max_turns", "error")
 ROLES = ("policy", "summariser", "querier", "teacher")
 
@@ -111,15 +113,34 @@ class Trajectory:
             "tool_calls": sum(len(s.actions) for s in self.steps),
             "malformed_calls": sum(len(s.errors) for s in self.steps),
             "compactions": sum(e.applied and e.kind != "query_memory" for e in events),
+            "failed_edits": sum(not e.applied and e.kind != "query_memory" for e in events),
             "summariser_calls": sum(c.role == "summariser" for c in helpers),
             "querier_calls": sum(c.role == "querier" for c in helpers),
             "policy_tokens": sum(len(c.completion_ids) for c in calls),
             "prompt_tokens": sum(len(c.prompt_ids) for c in calls + helpers),
             "reused_tokens": sum(c.cached_prefix_tokens for c in calls + helpers),
             "total_tokens": sum(len(c.prompt_ids) + len(c.completion_ids) for c in calls + helpers),
+            "uncached_input_tokens": uncached_input_tokens(self.steps),
+            "generated_tokens": sum(len(c.completion_ids) for c in calls + helpers),
             "compaction_cost": sum(e.compaction_cost for e in events),
             "cache_cost": sum(e.cache_cost for e in events),
             "wall_s": self.metrics.get("wall_s", 0.0),  # set by the worker: batches share calls
             "budget": self.metrics.get("budget", 0),  # set by the episode
         }
         return self.metrics
+
+
+def uncached_input_tokens(steps: list[Step]) -> int:
+    """Input tokens an exact-prefix cache could not reuse, summed over every model call of an
+    episode: each call's prompt minus the prefix it shares with the previous call of the same
+    session (the policy's, the summariser's or the querier's) and that call's completion. The
+    model-independent bound of seed 001, whatever the engine reported."""
+    last: dict[str, list[int]] = {}
+    total = 0
+    for step in steps:
+        for call in ([step.call] if step.call else []) + list(step.helper_calls):
+            session = "policy" if call.role in ("policy", "teacher") else call.role
+            prev = last.get(session, [])
+            total += len(call.prompt_ids) - reusable_prefix(prev, call.prompt_ids)
+            last[session] = call.prompt_ids + call.completion_ids
+    return total

@@ -83,7 +83,8 @@ def make_episode(
     cfg: Any, eid: str, env: Environment, task: Any, arm: str, sample: int, tokenizer: Any
 ) -> Episode:
     """An episode of a config with ``agent``, ``sampling``, ``model`` and ``seed``; its sampling
-    seed derives from the config's seed and the episode id, so a rerun samples the same."""
+    seed derives from the config's seed and the episode id, so a rerun samples the same. A
+    config that trains the helper calls (GRPO's ``train_helpers``) samples them too."""
     return Episode(
         eid,
         env,
@@ -95,6 +96,7 @@ def make_episode(
         sample=sample,
         seed=cfg.seed * 1_000_003 + zlib.crc32(eid.encode()),
         model=cfg.model.name,
+        sample_helpers=getattr(cfg, "train_helpers", False),
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from acmrl.teacher.llm import LLMTeacher
 from acmrl.teacher.oracle import OracleTeacher
 from acmrl.teacher.splice import run_spliced, splice_episodes
 from acmrl.teacher.topk import add_teacher_topk
-from acmrl.train.samples import trajectory_samples
+from acmrl.train.samples import SampleWeights, trajectory_samples
 
 
 def known_names(env: Environment) -> set[str]:
@@ -168,7 +169,8 @@ def _attach_topk(record: dict[str, Any], model: Any, k: int) -> None:
     """The teacher model's top-k logprobs on every sample of the record's trajectories."""
     record["topk"] = {}
     for data in record["trajectories"] + record["resumed"] + record.get("demonstrations", []):
-        samples = [s.to_dict() for s in trajectory_samples(Trajectory.from_dict(data))]
+        traj = Trajectory.from_dict(data)
+        samples = [s.to_dict() for s in trajectory_samples(traj, helpers=True)]
         add_teacher_topk(model, samples, k)
         record["topk"][data["episode_id"]] = [
             {"ids": s["teacher_topk_ids"], "logprobs": s["teacher_topk_logprobs"]} for s in samples
@@ -221,5 +223,9 @@ def run_annotate(cfg: AnnotateConfig, engine: Engine | None = None) -> dict[str,
                     progress.advance(bar)
     finally:
         log.close()
-    _, stats = build_dataset(out)
+    _, stats = build_dataset(out, sample_weights(cfg))
     return stats
+
+
+def sample_weights(cfg: AnnotateConfig) -> SampleWeights:
+    return SampleWeights(**{f.name: getattr(cfg.weights, f.name) for f in fields(SampleWeights)})

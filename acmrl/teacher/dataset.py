@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from acmrl.rollout.records import Trajectory
-from acmrl.train.samples import POLICY, TEACHER, trajectory_samples
+from acmrl.train.samples import POLICY, TEACHER, SampleWeights, trajectory_samples
 
 
 def read_records(out: Path) -> list[dict[str, Any]]:
@@ -59,9 +59,13 @@ def _row(traj: Trajectory, role: str, a: dict[str, Any] | None, n_samples: int) 
     }
 
 
-def build_dataset(out: str | Path) -> tuple[Any, dict[str, Any]]:
+def build_dataset(
+    out: str | Path, weights: SampleWeights | None = None
+) -> tuple[Any, dict[str, Any]]:
     """Rebuild ``out/dataset`` (and Parquet files and the card) from the records; returns the
-    DatasetDict and the card's counts."""
+    DatasetDict and the card's counts. Every trajectory's samples include its summariser and
+    querier calls (a demonstration's notes are the teacher's), weighted per token by
+    ``weights`` (:mod:`acmrl.train.samples`)."""
     from datasets import Dataset, DatasetDict
 
     out = Path(out)
@@ -75,11 +79,11 @@ def build_dataset(out: str | Path) -> tuple[Any, dict[str, Any]]:
         ):
             for data in rec.get(key, []):
                 traj = Trajectory.from_dict(data)
-                samples = trajectory_samples(traj)
+                samples = trajectory_samples(traj, helpers=True, weights=weights)
                 traj_rows.append(_row(traj, role, by_source.get(traj.episode_id), len(samples)))
-                topk = rec.get("topk", {}).get(traj.episode_id) or [
-                    {"ids": [], "logprobs": []}
-                ] * len(samples)
+                topk = rec.get("topk", {}).get(traj.episode_id) or []
+                if len(topk) != len(samples):  # none stored, or for other samples: NLL only
+                    topk = [{"ids": [], "logprobs": []}] * len(samples)
                 sample_rows += [
                     s.to_dict()
                     | {
@@ -129,7 +133,14 @@ def card_stats(trajs: list[dict[str, Any]], samples: list[dict[str, Any]]) -> di
         "demonstration_success": sum(
             t["score"] >= 1.0 for t in trajs if t["role"] == "demonstration"
         ),
+        "demonstration_failed": sum(
+            t["score"] < 1.0 for t in trajs if t["role"] == "demonstration"
+        ),
         "samples": len(samples),
+        "trained_samples": sum(s["weight"] > 0 for s in samples),
+        "helper_samples": sum(s["kind"] != "policy" for s in samples),
+        "target_tokens": sum(sum(s["loss_mask"]) for s in samples),
+        "weighted_target_tokens": round(sum(sum(s["weights"]) for s in samples), 2),
         "tokens": sum(len(s["token_ids"]) for s in samples),
         "policy_tokens": origins[POLICY],
         "teacher_tokens": origins[TEACHER],
@@ -159,7 +170,8 @@ correction or no action, with a first-person rationale), and the student's runs 
 valid edit; with `demonstrations`, one whole episode per task and arm whose every policy turn the
 oracle teacher wrote. `samples` holds per-turn training samples: `token_ids` exactly as the model read and
 wrote them (after any compaction), `loss_mask`, `origin` (0 environment, 1 policy, 2 teacher),
-`old_logprobs`, `weight`.
+`old_logprobs`, `weights` (per token) and `weight` (their largest), `kind` (policy, summariser
+or querier).
 
 Load with `datasets.load_from_disk("dataset")` or from the Parquet files.
 

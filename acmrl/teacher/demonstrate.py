@@ -14,7 +14,9 @@ has seen so far, as the oracle's corrections are:
 
 ``manage_context`` needs a summary: the teacher writes it too (the task's hop facts the agent has
 read, and the documents it opened), so nothing of the episode comes from a model. Every policy
-step is marked ``teacher``: in the training samples all its tokens are targets with weight 1.
+step is marked ``teacher``: in the training samples all its tokens, and the notes it wrote as
+the summariser, are targets, weighted by the demonstration's outcome (a failed one teaches
+nothing by default; :mod:`acmrl.train.samples`).
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from acmrl.train.common import save_policy
+
 STATE = "trainer_state.json"
 
 
@@ -48,7 +50,7 @@ def save_checkpoint(
     tmp = ckpts / f".tmp-step-{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    model.save_pretrained(tmp / "model")
+    save_policy(model, tmp / "model")
     torch.save(
         {
             "optimizer": optimizer.state_dict(),

@@ -8,6 +8,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from acmrl.models import adapter_base
+
 
 def make_accelerator(mixed_precision: str, log_with: list[str], project_dir: str) -> Any:
     """A fresh ``Accelerator`` for one training run.
@@ -31,14 +33,6 @@ def make_accelerator(mixed_precision: str, log_with: list[str], project_dir: str
     )
 
 
-def adapter_base(path: str | Path) -> str | None:
-    """The base model of a PEFT adapter folder, or None when ``path`` is not one."""
-    cfg = Path(path) / "adapter_config.json"
-    if not cfg.is_file():
-        return None
-    return json.loads(cfg.read_text())["base_model_name_or_path"]
-
-
 def load_start_model(model_cfg: Any) -> tuple[Any, Any, bool]:
     """The model training starts from, its tokenizer, and whether it was an adapter folder.
 
@@ -47,58 +41,121 @@ def load_start_model(model_cfg: Any) -> tuple[Any, Any, bool]:
     """
     from acmrl.models import load_model, resolve_model
 
-    base = adapter_base(resolve_model(model_cfg.name))
-    if base is None:
-        model, tok = load_model(model_cfg)
-        return model, tok, False
-    from peft import PeftModel
+    model, tok = load_model(model_cfg)
+    return model, tok, adapter_base(resolve_model(model_cfg.name)) is not None
 
-    model, _ = load_model(dataclasses.replace(model_cfg, name=base))
-    from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(resolve_model(model_cfg.name))
-    merged = PeftModel.from_pretrained(model, resolve_model(model_cfg.name)).merge_and_unload()
-    return merged.eval(), tok, True
+START_MODEL = "start-model"
+
+
+def publish_start_model(out: Path, model: Any, tok: Any) -> Path:
+    """Save the merged start model once under ``out/start-model`` with a fresh id (published by
+    a rename; a rerun or another process finds it there): the base the run's adapters name."""
+    import os
+    import shutil
+    import uuid
+
+    from acmrl.models import MODEL_ID_FILE
+
+    final = out / START_MODEL
+    if (final / MODEL_ID_FILE).is_file():
+        return final
+    tmp = out / f".tmp-{START_MODEL}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / MODEL_ID_FILE).write_text(uuid.uuid4().hex)
+    try:
+        os.replace(tmp, final)
+    except OSError:  # another process published it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def save_policy(model: Any, folder: Path) -> None:
+    """``save_pretrained``; an adapter also records the id and place of its base (models.py), so
+    it is loaded on exactly the weights it was trained on, or refused."""
+    import os
+
+    from acmrl.models import ADAPTER_BASE_FILE, model_id
+
+    model.save_pretrained(folder)
+    peft = getattr(model, "peft_config", None)
+    if not peft:
+        return
+    base = peft["default"].base_model_name_or_path
+    record = {"base_model": base, "base_id": None, "relative": None}
+    if base and Path(base).exists():
+        record |= {"base_id": model_id(base), "relative": os.path.relpath(base, folder)}
+    (Path(folder) / ADAPTER_BASE_FILE).write_text(json.dumps(record, indent=1))
 
 
 def build_model(cfg: Any, resume_from: Path | None) -> tuple[Any, Any, bool]:
-    """The trainable model of ``cfg`` (``.model``, ``.lora``): fresh, or from a checkpoint.
+    """The trainable model of ``cfg`` (``.model``, ``.lora``, ``.output``): fresh, or from a
+    checkpoint. Returns (model, tokenizer, started_from_adapter).
 
-    Returns (model, tokenizer, started_from_adapter).
+    When the start is an adapter folder (an SFT run's output), it is merged and the merge is
+    published under ``output/start-model``: the new adapters name it as their base, so a
+    checkpoint loads as the policy it was, not as an adapter on the raw base.
     """
+    from acmrl.models import resolve_model
+
     if resume_from is not None and not cfg.lora.enabled:
-        from acmrl.models import load_model, resolve_model
+        from acmrl.models import load_model, load_tokenizer
 
         merged = adapter_base(resolve_model(cfg.model.name)) is not None
-        model, tok = load_model(dataclasses.replace(cfg.model, name=str(resume_from / "model")))
-        return model, tok, merged
+        model, _ = load_model(
+            dataclasses.replace(cfg.model, name=str(resume_from / "model")), with_tokenizer=False
+        )
+        return model, load_tokenizer(cfg.model.name), merged
     model, tok, merged = load_start_model(cfg.model)
     if not cfg.lora.enabled:
         return model, tok, merged
     from peft import LoraConfig, PeftModel, get_peft_model
 
+    base = resolve_model(cfg.model.name)
+    if merged:
+        base = str(publish_start_model(Path(cfg.output), model, tok).resolve())
+    elif Path(base).exists():
+        base = str(Path(base).resolve())
     if resume_from is not None:
         model = PeftModel.from_pretrained(model, str(resume_from / "model"), is_trainable=True)
-        return model, tok, merged
-    lora = LoraConfig(
-        r=cfg.lora.r,
-        lora_alpha=cfg.lora.alpha,
-        lora_dropout=cfg.lora.dropout,
-        target_modules=list(cfg.lora.target_modules),
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, lora), tok, merged
+    else:
+        lora = LoraConfig(
+            r=cfg.lora.r,
+            lora_alpha=cfg.lora.alpha,
+            lora_dropout=cfg.lora.dropout,
+            target_modules=list(cfg.lora.target_modules),
+            task_type="CAUSAL_LM",
+        )
+        model = get_peft_model(model, lora)
+    model.peft_config["default"].base_model_name_or_path = base
+    return model, tok, merged
 
 
-def lr_lambda(optim: Any):
-    """Linear warm-up, then constant or cosine decay to 0 at ``optim.max_steps``."""
+def lr_lambda(optim: Any, updates_per_step: int = 1):
+    """The learning-rate factor after ``u`` optimiser updates: linear warm-up, then constant or
+    cosine decay to 0 at the last update.
 
-    def f(step: int) -> float:
-        if step < optim.warmup_steps:
-            return (step + 1) / optim.warmup_steps
+    The schedule counts optimiser updates, never loop iterations: ``warmup_steps`` and
+    ``max_steps`` are steps of ``updates_per_step`` updates each (GRPO's mu; 1 for SFT), so a
+    run with several updates per step decays over all of them, and every step advances the
+    schedule by ``updates_per_step`` whichever path it takes.
+
+    >>> from types import SimpleNamespace
+    >>> f = lr_lambda(SimpleNamespace(warmup_steps=0, schedule="cosine", max_steps=2), 2)
+    >>> [round(f(u), 3) for u in range(5)]  # 4 updates in all: half-way after the first step
+    [1.0, 0.854, 0.5, 0.146, 0.0]
+    """
+    warm = optim.warmup_steps * updates_per_step
+    total = optim.max_steps * updates_per_step
+
+    def f(update: int) -> float:
+        if update < warm:
+            return (update + 1) / warm
         if optim.schedule == "constant":
             return 1.0
-        progress = (step - optim.warmup_steps) / max(1, optim.max_steps - optim.warmup_steps)
+        progress = (update - warm) / max(1, total - warm)
         return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
     return f

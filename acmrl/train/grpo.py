@@ -51,7 +51,11 @@ Deliberate departures from textbook GRPO (DeepSeekMath):
   distribution is the one sampled from (as TRL does).
 - **The reference** for the KL is the start model: the policy with its adapter disabled under
   LoRA (an SFT adapter given as ``model.name`` is merged into the base first), a frozen copy
-  under full fine-tuning.
+  of the start model under full fine-tuning (reloaded from ``model.name`` on ``--resume``).
+- **Checkpoints are the trained policy.** Started from an SFT adapter, the merged start model
+  is saved once as ``start-model/`` and every adapter the run writes names it as its base (with
+  its id), so ``acmrl eval`` / ``acmrl export`` / ``model.name=`` on a checkpoint compute what
+  the live policy computed at that step; an adapter on another base is refused.
 - **Multi-process.** Each process rolls out its own tasks; a group never spans processes, so
   advantages need no communication; token-level aggregation is per process and DDP averages the
   gradients. FSDP and ZeRO-3 shard the weights the ``hf`` engine samples from and are not
@@ -79,7 +83,14 @@ from acmrl.rollout.records import Trajectory
 from acmrl.rollout.run import make_episode
 from acmrl.rollout.worker import JsonlLog, episode_id, run_episodes
 from acmrl.train.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
-from acmrl.train.common import build_model, lr_lambda, make_accelerator, progress_bar
+from acmrl.train.common import (
+    build_model,
+    load_start_model,
+    lr_lambda,
+    make_accelerator,
+    progress_bar,
+    save_policy,
+)
 from acmrl.train.loss import entropy, group_advantages, grpo_loss, target_logprobs
 from acmrl.train.samples import Sample, trajectory_samples
 
@@ -207,12 +218,16 @@ class GRPOTrainer:
         model, self.tok, self.started_from_adapter = build_model(cfg, ckpt)
         self.ref = None
         if cfg.kl_coef > 0 and not cfg.lora.enabled:
-            self.ref = copy.deepcopy(model).eval().requires_grad_(False)
+            # the reference is the start model, also when resuming from a later checkpoint
+            start = copy.deepcopy(model) if ckpt is None else load_start_model(cfg.model)[0]
+            self.ref = start.eval().requires_grad_(False)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(
             self.params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
         )
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg.optim))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lr_lambda(cfg.optim, cfg.updates_per_step)
+        )
         self.state: dict[str, Any] = {"step": 0, "losses": [], "rewards": []}
         if ckpt is not None:
             self.state = load_training_state(ckpt, self.opt, self.sched)
@@ -257,17 +272,8 @@ class GRPOTrainer:
         from acmrl.rollout.run import vllm_engine
 
         base = resolve_model(self.cfg.model.name)
-        if self.started_from_adapter:  # vLLM needs the merged SFT model as its base on disk
-            base = str(self.out / "vllm-base")
-            if self.acc.is_main_process and not (Path(base) / "config.json").exists():
-                merged = (
-                    copy.deepcopy(inner).merge_and_unload()
-                    if hasattr(inner, "merge_and_unload")
-                    else inner
-                )
-                merged.save_pretrained(base)
-                self.tok.save_pretrained(base)
-            self.acc.wait_for_everyone()
+        if self.started_from_adapter:  # vLLM serves the merged SFT model build_model published
+            base = inner.peft_config["default"].base_model_name_or_path
         cfg = dataclasses.replace(self.cfg, model=dataclasses.replace(self.cfg.model, name=base))
         engine = vllm_engine(cfg, enable_lora=True)
         self._sync(engine, self.state["step"])
@@ -280,7 +286,7 @@ class GRPOTrainer:
         root = self.out / "sync" / f"rank{self.acc.process_index}"
         final, tmp = root / f"step-{step:06d}", root / f".tmp-step-{step:06d}"
         shutil.rmtree(tmp, ignore_errors=True)
-        self.acc.unwrap_model(self.model).save_pretrained(tmp)
+        save_policy(self.acc.unwrap_model(self.model), tmp)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         engine.load_adapter(str(final))
@@ -305,13 +311,19 @@ class GRPOTrainer:
         rewards, terms = [], []
         for ep in episodes:
             r, t = trajectory_reward(
-                ep.traj.to_dict(), ep.budget, self.weights, self.cfg.reward.success_threshold
+                ep.traj.to_dict(),
+                ep.budget,
+                self.weights,
+                self.cfg.reward.success_threshold,
+                self.cfg.agent.output_weight,
             )
             rewards.append(r)
             terms.append(t)
         keys = {k: i for i, k in enumerate(dict.fromkeys(_group_key(e.id) for e in episodes))}
         groups = torch.tensor([keys[_group_key(e.id)] for e in episodes])
-        adv = group_advantages(torch.tensor(rewards), groups, self.cfg.scale_advantages)
+        adv = group_advantages(
+            torch.tensor(rewards, dtype=torch.float64), groups, self.cfg.scale_advantages
+        )
         return rewards, adv.tolist(), terms
 
     def samples(
@@ -421,8 +433,9 @@ class GRPOTrainer:
         elif n_any:  # other processes learn: take part in their all-reduce with a zero gradient
             metrics = self.update_nothing()
         else:  # every group flat everywhere: no gradient, so no optimiser step (Adam's momentum
-            # would keep moving the weights); the schedule advances as the step counts
-            self.sched.step()
+            # would keep moving the weights); the schedule advances by the step's updates
+            for _ in range(self.cfg.updates_per_step):
+                self.sched.step()
             metrics = {"train/loss": 0.0, "train/target_tokens": 0.0, "train/tokens": 0.0}
         train_s = time.perf_counter() - t0
         gen_tokens = sum(
@@ -449,8 +462,9 @@ class GRPOTrainer:
         return metrics
 
     def update_nothing(self) -> dict[str, float]:
-        """A step without samples: a zero-gradient backward (DDP needs every process to take
-        part), then the optimiser and scheduler step as usual."""
+        """A step without samples: as many zero-gradient updates as the other processes make
+        (DDP needs every process in each all-reduce), each with its optimiser and scheduler
+        step."""
         b = collate(
             [Sample("none", 0, [self.pad, self.pad], [0, 0], [0, 0], [0.0, 0.0])],
             [0.0],
@@ -459,11 +473,12 @@ class GRPOTrainer:
             self.acc.device,
         )
         self.model.train()
-        logits = self.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-        self.acc.backward(logits.sum() * 0.0)
-        self.opt.step()
-        self.sched.step()
-        self.opt.zero_grad()
+        for _ in range(self.cfg.updates_per_step):
+            out = self.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
+            self.acc.backward(out.logits.sum() * 0.0)
+            self.opt.step()
+            self.sched.step()
+            self.opt.zero_grad()
         return {"train/loss": 0.0, "train/target_tokens": 0.0, "train/tokens": 0.0}
 
     # -- checkpoints ------------------------------------------------------------------------------
@@ -490,7 +505,7 @@ class GRPOTrainer:
             if self.started_from_adapter and hasattr(model, "merge_and_unload"):
                 # the adapter was trained on top of a merged SFT adapter: save the whole policy
                 model = copy.deepcopy(model).merge_and_unload()
-            model.save_pretrained(final)
+            save_policy(model, final)
             self.tok.save_pretrained(final)
         return final
 

@@ -73,12 +73,14 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
 
 
 def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Weighted negative log-likelihood of the target tokens: sum(w_b * mask * -logp) / sum(mask).
+    """Weighted negative log-likelihood of the target tokens: sum(w * mask * -logp) / sum(mask).
 
-    ``weights`` is ``[B]`` (the assessment's soft supervision per sample).
+    ``weights`` is ``[B, T]`` (the soft supervision of each token, :mod:`acmrl.train.samples`)
+    or ``[B]`` (one weight per sample).
     """
     m = mask.float()
-    return -(logprobs * m * weights[:, None]).sum() / m.sum().clamp(min=1.0)
+    w = weights if weights.dim() == 2 else weights[:, None]
+    return -(logprobs * m * w).sum() / m.sum().clamp(min=1.0)
 
 
 def topk_kl(
@@ -108,17 +110,25 @@ def topk_kl_at(
 
 
 def group_advantages(
-    rewards: torch.Tensor, groups: torch.Tensor, scale: bool = False
+    rewards: torch.Tensor, groups: torch.Tensor, scale: bool = False, atol: float = 1e-6
 ) -> torch.Tensor:
     """Reward minus its group's mean (optionally divided by the group's std); one value per rollout.
 
+    A group whose rewards are equal within ``atol`` (relative to their size, at least 1) is
+    flat: its advantages are exactly 0. The floating-point mean of equal rewards is not always
+    the reward itself, and std scaling would blow that rounding up into a same-sign push.
+
     >>> group_advantages(torch.tensor([1.0, 0.0, 0.5, 0.5]), torch.tensor([0, 0, 1, 1])).tolist()
     [0.5, -0.5, 0.0, 0.0]
+    >>> group_advantages(torch.tensor([0.7] * 8), torch.tensor([0] * 8), scale=True).tolist()
+    [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     """
-    adv = torch.empty_like(rewards)
+    adv = torch.zeros_like(rewards)
     for g in groups.unique():
         sel = groups == g
         r = rewards[sel]
+        if float(r.max() - r.min()) <= atol * max(1.0, float(r.abs().max())):
+            continue  # flat
         a = r - r.mean()
         if scale:
             a = a / (r.std(unbiased=False) + 1e-6)

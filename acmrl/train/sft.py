@@ -23,7 +23,13 @@ import torch
 
 from acmrl.config import SFTConfig, to_dict
 from acmrl.train.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
-from acmrl.train.common import build_model, lr_lambda, make_accelerator, progress_bar
+from acmrl.train.common import (
+    build_model,
+    lr_lambda,
+    make_accelerator,
+    progress_bar,
+    save_policy,
+)
 from acmrl.train.loss import sft_loss, target_logprobs, topk_kl_at
 
 
@@ -73,30 +79,49 @@ def epoch_batches(samples: list[dict[str, Any]], epoch: int, cfg: SFTConfig) -> 
 def collate(
     samples: list[dict[str, Any]], max_len: int, pad_id: int, device: Any
 ) -> dict[str, torch.Tensor]:
+    """Padded tensors of a batch. ``loss_mask`` is 1 on the targets with a weight > 0 and
+    ``weights`` holds each token's weight (a dataset without per-token weights repeats the
+    sample's). ``topk_mask`` marks the targets that have the teacher's top-k: a sample without
+    them, or a position past the stored ones, gets the NLL only, never a KL to padding."""
     T = max(min(len(s["token_ids"]), max_len) for s in samples)
     B = len(samples)
     ids = torch.full((B, T), pad_id, dtype=torch.long)
     attn = torch.zeros(B, T, dtype=torch.long)
     mask = torch.zeros(B, T, dtype=torch.long)
+    weights = torch.zeros(B, T)
     k = max((len(t) for s in samples for t in s.get("teacher_topk_ids", [])[:1]), default=0)
     topk_ids = torch.zeros(B, T, max(k, 1), dtype=torch.long)
     topk_lp = torch.zeros(B, T, max(k, 1))
+    topk_mask = torch.zeros(B, T, dtype=torch.bool)
     for b, s in enumerate(samples):
         n = min(len(s["token_ids"]), T)
         ids[b, :n] = torch.tensor(s["token_ids"][:n])
         attn[b, :n] = 1
-        mask[b, :n] = torch.tensor(s["loss_mask"][:n])
+        w = s.get("weights") or [float(s["weight"])] * len(s["token_ids"])
+        weights[b, :n] = torch.tensor(w[:n], dtype=torch.float32)
+        mask[b, :n] = torch.tensor(s["loss_mask"][:n]) * (weights[b, :n] > 0)
+        # the teacher's top-k pairs with the targets of the stored loss mask, in order
         targets = [i for i, m in enumerate(s["loss_mask"]) if m and i > 0]
         for j, pos in enumerate(targets[: len(s.get("teacher_topk_ids", []))]):
-            if pos < T:
+            if pos < T and len(s["teacher_topk_ids"][j]) == k:
                 topk_ids[b, pos] = torch.tensor(s["teacher_topk_ids"][j])
                 topk_lp[b, pos] = torch.tensor(s["teacher_topk_logprobs"][j])
+                topk_mask[b, pos] = True
     mask[:, 0] = 0  # position 0 has no prefix to predict it from
-    weights = torch.tensor([float(s["weight"]) for s in samples])
     out = {"input_ids": ids, "attention_mask": attn, "loss_mask": mask, "weights": weights}
     if k:
-        out |= {"topk_ids": topk_ids, "topk_logprobs": topk_lp}
+        out |= {"topk_ids": topk_ids, "topk_logprobs": topk_lp, "topk_mask": topk_mask}
     return {key: v.to(device) for key, v in out.items()}
+
+
+def sft_topk_kl(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The top-k KL over the targets that have the teacher's top-k (``logits`` are the ``[N, V]``
+    logits of the N targets of ``loss_mask``, in order, as :func:`target_logprobs` gives them)."""
+    tmask = batch["loss_mask"].bool()  # position 0 is never a target (collate)
+    has = batch["topk_mask"][tmask]
+    return topk_kl_at(
+        logits[has], batch["topk_ids"][tmask][has], batch["topk_logprobs"][tmask][has]
+    )
 
 
 def run_sft(
@@ -138,11 +163,8 @@ def run_sft(
             model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
         )
         nll = sft_loss(lp, batch["loss_mask"], batch["weights"])
-        if cfg.kl_coef and "topk_ids" in batch:
-            tmask = batch["loss_mask"].bool()  # position 0 is never a target (collate)
-            kl = topk_kl_at(logits, batch["topk_ids"][tmask], batch["topk_logprobs"][tmask])
-        else:
-            kl = torch.zeros(())
+        use_kl = cfg.kl_coef and "topk_ids" in batch
+        kl = sft_topk_kl(logits, batch) if use_kl else torch.zeros(())
         loss = nll + cfg.kl_coef * kl
         acc.backward(loss)
         if cfg.optim.max_grad_norm:
@@ -180,7 +202,7 @@ def run_sft(
     progress.stop()
     if acc.is_main_process and step == cfg.optim.max_steps:
         final = out / "final"
-        acc.unwrap_model(model).save_pretrained(final)
+        save_policy(acc.unwrap_model(model), final)
         tok.save_pretrained(final)
     acc.end_training()
     return {
