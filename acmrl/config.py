@@ -443,6 +443,11 @@ class TeacherConfig:
         min=0.05,
         max=1.0,
     )
+    pressure_spread: list[float] = option(
+        [],
+        "demonstrations: [lo, hi] to draw each task's compaction point from (seeded by the "
+        "task); empty: pressure for all",
+    )
     max_attempts: int = option(
         3, "llm: tries per trajectory before the assessment is failed", min=1
     )
@@ -510,6 +515,12 @@ class AnnotateConfig:
 
     def check(self) -> None:
         check_arms(self.arms)
+        spread = self.teacher.pressure_spread
+        if spread and not (len(spread) == 2 and 0.05 <= spread[0] <= spread[1] <= 1.0):
+            raise ConfigError(
+                f"teacher.pressure_spread: got {spread}, expected [lo, hi] with "
+                "0.05 <= lo <= hi <= 1, e.g. [0.4, 0.9]"
+            )
         m = re.fullmatch(r"(\d+)/(\d+)", self.shard)
         if not m or not 0 <= int(m.group(1)) < int(m.group(2)):
             raise ConfigError(f"shard: got {self.shard!r}, expected i/n with 0 <= i < n, e.g. 0/4")

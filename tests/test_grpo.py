@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import collections
+import json
+from pathlib import Path
 
 import pytest
 
@@ -133,6 +135,48 @@ def test_grpo_resume_reproduces_the_uninterrupted_run(tmp_path, peaked_model, ta
     assert any(abs(x) > 0 for x in full["losses"])
     lines = (tmp_path / "b" / "grpo" / "rollouts-rank0.jsonl").read_text().splitlines()
     assert len(lines) == 4 * 2 * 4  # steps x tasks x group, none written twice
+    # the history without TensorBoard: one line per step, the resumed steps not repeated
+    history = (tmp_path / "b" / "grpo" / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in history]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["reward/mean"] for r in rows] == full["rewards"]
+
+
+def test_learning_curves_from_stage_evals_and_grpo_metrics(tmp_path):
+    """curves.md holds a row per stage and arm; grpo.png plots the per-step history."""
+    from acmrl.eval.curves import write_curves
+    from acmrl.eval.report import build_report, rows_from
+    from acmrl.rollout.records import Trajectory
+
+    def folder(name: str, wins: int) -> Path:
+        trajs = []
+        for i in range(4):
+            t = Trajectory(f"e{i}", f"t{i}", "env", "acm", 0, 0, "m", "q", "a")
+            t.status, t.score, t.metrics = "answered", float(i < wins), {"budget": 100}
+            trajs.append(t)
+        rows = rows_from(trajs, lambda t: 100)
+        report = build_report(rows, {"samples": 1})
+        out = tmp_path / name
+        out.mkdir()
+        (out / "report.json").write_text(json.dumps(report))
+        with (out / "episodes.jsonl").open("w") as f:
+            f.writelines(json.dumps(t.to_dict()) + "\n" for t in trajs)
+        return out
+
+    grpo = tmp_path / "grpo"
+    grpo.mkdir()
+    (grpo / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps({"step": s, "reward/mean": s / 4, "rollout/success": s / 4}) + "\n"
+            for s in (1, 2, 3)
+        )
+    )
+    result = write_curves([("base", folder("a", 0)), ("sft", folder("b", 3))], tmp_path, grpo)
+    text = (tmp_path / "curves.md").read_text()
+    assert "| base | acm | 4 | 0.000" in text and "| sft | acm | 4 | 0.750" in text
+    assert "mean reward 0.250 -> 0.750" in text
+    assert (tmp_path / "curves.png").stat().st_size > 0 and (tmp_path / "grpo.png").exists()
+    assert [r["stage"] for r in result["rows"]] == ["base", "sft"]
 
 
 def test_cli_runs_grpo_on_kb_search(tmp_path, tiny_model_dir):

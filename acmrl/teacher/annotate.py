@@ -41,7 +41,7 @@ def known_names(env: Environment) -> set[str]:
 def make_teacher(cfg: AnnotateConfig, env: Environment, student: Engine) -> Any:
     t = cfg.teacher
     if t.kind == "oracle":
-        return OracleTeacher(env, pressure=t.pressure)
+        return OracleTeacher(env, pressure=t.pressure, tokenizer=student.tokenizer)  # type: ignore[attr-defined]
     if t.base_urls:
         from acmrl.engines.openai import OpenAIEngine
         from acmrl.models import load_tokenizer
@@ -153,6 +153,7 @@ def annotate_tasks(
             agent=cfg.agent,
             sampling=cfg.sampling,
             pressure=cfg.teacher.pressure,
+            pressure_spread=cfg.teacher.pressure_spread or None,
         )
         by_task: dict[str, list[dict[str, Any]]] = {}
         for d in demos:

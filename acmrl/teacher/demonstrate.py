@@ -9,11 +9,16 @@ has seen so far, as the oracle's corrections are:
 
 - with context tools (``acm``, ``evolve``), when the input reaches ``pressure`` x budget and
   nothing was compacted since the last environment call, the teacher compacts (``manage_context``,
-  or an ``evolve`` that keeps the documents' fact sentences), as its injections do;
-- otherwise the next call of the expert's plan that is still needed; at the end, ``answer``.
+  or an ``evolve`` that keeps the documents' fact sentences). ``pressure`` may be drawn per task
+  from a range (``teacher.pressure_spread``), so the demonstrations compact at different points;
+- otherwise the next call of the expert's plan that is still needed, using only what the context
+  shows now: a document is opened by an id the agent can see (in search results or its notes),
+  never one it would have to remember; at the end, ``answer``, once the answer is in view.
 
-``manage_context`` needs a summary: the teacher writes it too (the task's hop facts the agent has
-read, and the documents it opened), so nothing of the episode comes from a model. Every policy
+``manage_context`` needs a summary: the teacher writes it too, from the steps the summariser is
+shown and nothing else (the student, who is its own summariser, learns to write it): the fact
+sentences of the documents read there, verbatim; the documents found there that are still to be
+read; and which documents were read. Nothing of the episode comes from a model. Every policy
 step is marked ``teacher``: in the training samples all its tokens, and the notes it wrote as
 the summariser, are targets, weighted by the demonstration's outcome (a failed one teaches
 nothing by default; :mod:`acmrl.train.samples`).
@@ -22,7 +27,9 @@ nothing by default; :mod:`acmrl.train.samples`).
 from __future__ import annotations
 
 import json
+import random
 import re
+import zlib
 from typing import Any
 
 from acmrl.config import AgentConfig, SamplingConfig
@@ -32,9 +39,28 @@ from acmrl.envs.base import Environment, Task
 from acmrl.rollout.agent import Episode
 from acmrl.rollout.records import Trajectory
 from acmrl.rollout.worker import run_episodes
-from acmrl.teacher.oracle import EVOLVE_KEEP_FACTS, _describe, _facts_seen, _next_needed
+from acmrl.teacher.oracle import EVOLVE_KEEP_FACTS, _describe, _next_needed
 
 _SIGNAL = re.compile(r"\[context: (\d+) of \d+ tokens\]")
+_DOC = re.compile(r"^\[([^\]\s]+)\] ([^\n]+)\n\n(.*)", re.DOTALL)  # an opened document
+_RESULT = re.compile(r"^\[([^\]\s]+)\] ([^:\n]+):", re.MULTILINE)  # a search result line
+_EVENT = re.compile(r"\b(was held|took place)\b")
+
+
+def pressure_for(task_id: str, pressure: float, spread: list[float] | None) -> float:
+    """The compaction point of a task's demonstration: ``pressure``, or, with ``spread``
+    ``[lo, hi]``, a value drawn uniformly from it, seeded by the task (so reruns agree and each
+    task compacts at its own point: GRPO then has timings to choose between).
+
+    >>> pressure_for("t1", 0.75, None)
+    0.75
+    >>> 0.4 <= pressure_for("t1", 0.75, [0.4, 0.9]) <= 0.9
+    True
+    """
+    if not spread:
+        return pressure
+    lo, hi = spread
+    return lo + (hi - lo) * random.Random(zlib.crc32(task_id.encode())).random()
 
 
 class Demonstrator:
@@ -47,11 +73,12 @@ class Demonstrator:
         self.tok, self.pressure = tokenizer, pressure
         self.seen = task.prompt  # everything read so far (kept across compactions)
         self.done: list[tuple[str, str]] = []
+        self.opened: set[str] = set()  # documents read, whether still in context or not
         self.compacted = False  # a compaction since the last environment call
 
     def __call__(self, session_id: str, prompt: str) -> str:
         if session_id.endswith("/summariser"):
-            return self._notes()
+            return self._notes(prompt)
         if session_id.endswith("/querier"):
             return "No archived facts were needed."
         self.seen += "\n" + prompt
@@ -59,47 +86,99 @@ class Demonstrator:
         # size of the input itself
         signals = _SIGNAL.findall(prompt)
         n = int(signals[-1]) if signals else len(self.tok.encode(prompt, add_special_tokens=False))
+        name, args = _next_needed(self.env, self.task, self.seen, self.done, visible=prompt)
         if (
             self.arm in ("acm", "evolve")
-            and n >= self.pressure * self.budget
             and not self.compacted
             and self.done
+            and (n >= self.pressure * self.budget or self._would_overflow(n, name, args))
         ):
             self.compacted = True
-            facts = _facts_seen(self.task, self.seen)
-            said = " ".join(f.rstrip(".") + "." for f in facts)
-            keep = f", and I must keep what I still need: {said}" if facts else "."
-            why = f"My context is at {n} of {self.budget} tokens and I have more to read{keep}"
+            # short, so that the student's compaction turn fits its completion cap; what to
+            # keep is the summary's job (or the evolve code's)
+            why = f"My context is at {n} of {self.budget} tokens"
             if self.arm == "acm":
                 return self._turn(
-                    f"{why} I will compact my earlier steps before I continue.",
+                    f"{why}, so I will compact my earlier steps before I go on.",
                     "manage_context",
                     {},
                 )
             return self._turn(
-                f"{why} I will cut the documents I have read down to their facts.",
+                f"{why}, so I will cut what I have read down to its facts.",
                 "evolve",
                 {"code": EVOLVE_KEEP_FACTS},
             )
-        name, args = _next_needed(self.env, self.task, self.seen, self.done)
+        if name == "answer" and str(args.get("text", "")) not in prompt:
+            # the answer must come from what the context shows: read its document again
+            last = self.task.metadata.get("gold_docs", [""])[-1]
+            name, args = ("open", {"doc_id": last}) if last in prompt else self._search_last()
         self.done.append((name, json.dumps(args, sort_keys=True)))
         self.compacted = False
         return self._turn(_describe(name, args), name, args)
+
+    def _would_overflow(self, n: int, name: str, args: dict[str, Any]) -> bool:
+        """Whether the next call's result would push the input past the budget (the oracle
+        knows how long a document is): then it compacts first, whatever its pressure."""
+        if name != "open":
+            return False
+        text = self.env.session(self.task).call(name, args)
+        return n + 64 + len(self.tok.encode(str(text), add_special_tokens=False)) > self.budget
+
+    def _search_last(self) -> tuple[str, dict[str, Any]]:
+        plan = self.env.oracle_plan(self.task)
+        return next(step for step in reversed(plan) if step[0] == "search")
 
     @staticmethod
     def _turn(rationale: str, name: str, args: dict[str, Any]) -> str:
         return f"{rationale}\n{format_tool_call(name, args)}"
 
-    def _notes(self) -> str:
-        facts = [
-            f
-            for f in self.task.metadata.get("facts", [])
-            if f.split(" is ")[-1].rstrip(".") in self.seen
+    def _keep(self, title: str, sentence: str) -> bool:
+        """Whether a sentence of the document ``title`` is a fact the question needs: the first
+        entity's birth year, the link to another entity of the chain, or an event of the last
+        one."""
+        chain = self.task.metadata.get("entities", [])
+        if chain and title == chain[0] and " born " in sentence:
+            return True
+        if any(e in sentence for e in chain if e != title):
+            return True
+        return bool(chain) and title == chain[-1] and _EVENT.search(sentence) is not None
+
+    def _notes(self, prompt: str) -> str:
+        """The summary of the steps the summariser is shown, from those steps alone (so the
+        student, its own summariser, can learn to write it): the sentences of the documents read
+        there that the question needs, verbatim; the documents found there that are still to be
+        read; and which documents were read."""
+        steps = prompt.split("Steps to summarise:", 1)[-1].split("\n\nWrite a concise", 1)[0]
+        gold = self.task.metadata.get("gold_docs", [])
+        facts: list[str] = []
+        found: dict[str, str] = {}
+        read: list[str] = []
+        chunks = [_SIGNAL.sub("", c).strip() for c in steps.split("\nresult: ")[1:]]
+        for chunk in chunks:
+            doc = _DOC.match(chunk)
+            if doc and not chunk.startswith("Results for"):
+                read.append(doc.group(1))
+                self.opened.add(doc.group(1))
+                for sentence in re.split(r"(?<=\.)\s+", doc.group(3)):
+                    sentence = sentence.strip()
+                    if self._keep(doc.group(2).strip(), sentence) and sentence not in facts:
+                        facts.append(sentence)
+            else:
+                found |= {m.group(1): m.group(2) for m in _RESULT.finditer(chunk)}
+        if not read and not found:  # a format the parser does not know: the task's hop facts
+            facts = [
+                f[0].upper() + f[1:]
+                for f in self.task.metadata.get("facts", [])
+                if f.split(" is ")[-1].rstrip(".") in steps
+            ]
+        lines = [f"- {f}" for f in facts]
+        lines += [
+            f"- To read next: {doc_id} ({title})."
+            for doc_id, title in found.items()
+            if doc_id in gold and doc_id not in self.opened
         ]
-        opened = [json.loads(a)["doc_id"] for n, a in self.done if n == "open"]
-        lines = [f"- {f[0].upper()}{f[1:]}" for f in facts]
-        if opened:
-            lines.append(f"- Documents read: {', '.join(opened)}.")
+        if read:
+            lines.append(f"- Documents read: {', '.join(read)}.")
         return "\n".join(lines) or "- Nothing needed has been found yet."
 
 
@@ -112,6 +191,7 @@ def demonstrate(
     agent: AgentConfig,
     sampling: SamplingConfig,
     pressure: float = 0.6,
+    pressure_spread: list[float] | None = None,
     concurrency: int = 16,
 ) -> list[Trajectory]:
     """One demonstration per task and arm, run through the real agent loop; all policy turns are
@@ -123,7 +203,8 @@ def demonstrate(
                 f"{task.id}#{arm}#demo", env, task, arm, tokenizer, agent=agent, sampling=sampling
             )
             episodes.append(ep)
-            demos[ep.id] = Demonstrator(env, task, arm, ep.budget, tokenizer, pressure)
+            at = pressure_for(task.id, pressure, pressure_spread)
+            demos[ep.id] = Demonstrator(env, task, arm, ep.budget, tokenizer, at)
 
     def reply(session_id: str, prompt: str) -> str:
         episode = session_id.removesuffix("/summariser").removesuffix("/querier")

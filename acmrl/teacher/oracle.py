@@ -9,9 +9,10 @@ writes rationales only from that seen material, so they pass the validators of
   ``pressure`` x budget with nothing compacted since, the student should have compacted:
   ``manage_context`` (acm) or an ``evolve`` that cuts the documents already read down to their
   fact sentences (evolve).
-- **Correction**: the first unproductive step: an answer before the evidence was read, a call
-  that repeats an earlier one, a call that failed, or a turn without a call; it is replaced by the
-  next call the plan still needs given what has been seen.
+- **Correction**: the first unproductive step: an answer before the evidence was read, an
+  answer that does not follow from the evidence in view, a call that repeats an earlier one, a
+  call that failed, or a turn without a call; it is replaced by the next call the plan still
+  needs given what has been seen, opening only documents whose id the context still shows.
 - **no_action** otherwise.
 """
 
@@ -47,16 +48,26 @@ def _opened(doc_id: str, seen: str) -> bool:
 
 
 def _next_needed(
-    env: Environment, task: Task, seen: str, done: list[tuple[str, str]]
+    env: Environment,
+    task: Task,
+    seen: str,
+    done: list[tuple[str, str]],
+    visible: str | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """The next call of the expert's plan the student still needs, given what it has seen."""
+    """The next call of the expert's plan the student still needs, given what it has seen.
+
+    ``visible`` is what its context shows now (``seen`` minus what was compacted away): a
+    document is opened by an id the student can see, else it is searched for again. Never an id
+    it would have to remember from a context it no longer has.
+    """
     plan = env.oracle_plan(task)
+    visible = seen if visible is None else visible
     for i, (name, args) in enumerate(plan):
         if name == "open":
             if _opened(args["doc_id"], seen):
                 continue
-            if args["doc_id"] in seen or i == 0 or plan[i - 1][0] != "search":
-                return name, args  # the id is in search results already: read it
+            if args["doc_id"] in visible or i == 0 or plan[i - 1][0] != "search":
+                return name, args  # the id is in search results or notes: read it
             return plan[i - 1]  # find it first
         if name == "answer":
             return name, args
@@ -69,9 +80,7 @@ def _describe(name: str, args: dict[str, Any]) -> str:
     if name == "search":
         return f"I need to find out more about {args['query']}, so I will search for it."
     if name == "open":
-        return (
-            f"The search results list {args['doc_id']}; I should read that document before I go on."
-        )
+        return f"{args['doc_id']} is the document I need next; I should read it before I go on."
     if name == "answer":
         return "I have read everything the question depends on, so I can give my answer now."
     return f"The next thing I need is to call {name} with {json.dumps(args)}."
@@ -86,9 +95,10 @@ def _facts_seen(task: Task, seen: str) -> list[str]:
 class OracleTeacher:
     name = "oracle"
 
-    def __init__(self, env: Environment, *, pressure: float = 0.6) -> None:
+    def __init__(self, env: Environment, *, pressure: float = 0.6, tokenizer: Any = None) -> None:
         self.env = env
         self.pressure = pressure
+        self.tokenizer = tokenizer  # decodes a step's prompt: what the student could see then
 
     def assess(self, task: Task, traj: Trajectory, budget: int) -> Assessment:
         steps = _policy_steps(traj)
@@ -131,20 +141,36 @@ class OracleTeacher:
             calls = [(a["name"], json.dumps(a["arguments"], sort_keys=True)) for a in s.actions]
             answering = any(name == "answer" for name, _ in calls) or not s.actions
             unread = [d for d in gold if not _opened(d, seen)]
+            visible = self.tokenizer.decode(s.call.prompt_ids) if self.tokenizer else seen
             why = None
             if answering and unread:
                 why = (
                     "I have not read the documents the question depends on yet, so I cannot answer."
                 )
+            elif answering and self._wrong_answer(task, s, visible):
+                # the evidence is in view and the answer does not follow from it
+                why = "My answer does not match what I have read."
             elif any(c in done for c in calls):
                 why = "I already made this call and saw its result; repeating it gains nothing."
             elif s.errors or any(o.startswith("Error") for o in s.observations):
                 why = "My last call did not work as written."
             if why is not None:
-                name, args = _next_needed(self.env, task, seen, done)
+                name, args = _next_needed(self.env, task, seen, done, visible)
                 rationale = f"{why} {_describe(name, args)}"
                 return Assessment(
                     "correction", i, {"name": name, "arguments": args}, rationale, self.name
                 )
             done += calls
         return None
+
+    def _wrong_answer(self, task: Task, step: Any, visible: str) -> bool:
+        """An answer call (or plain reply) that scores below 1 while the reference is in view."""
+        texts = [a["arguments"].get("text", "") for a in step.actions if a["name"] == "answer"]
+        if not step.actions:
+            texts = [step.text]
+        ref = task.answer if isinstance(task.answer, str) else None
+        return (
+            ref is not None
+            and ref in visible
+            and any(self.env.score(task, str(t)) < 1.0 for t in texts)
+        )

@@ -161,6 +161,26 @@ def lr_lambda(optim: Any, updates_per_step: int = 1):
     return f
 
 
+class MetricsLog:
+    """``metrics.jsonl``: one line of every logged metric per step (the run's history without
+    TensorBoard). A resumed run drops the lines past the checkpoint it resumes from."""
+
+    def __init__(self, path: Path, resumed_step: int) -> None:
+        self.path = path
+        if path.exists():
+            keep = [
+                line
+                for line in path.read_text().splitlines()
+                if line.strip() and json.loads(line)["step"] <= resumed_step
+            ]
+            path.write_text("".join(f"{line}\n" for line in keep))
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(json.dumps({"step": step} | metrics, default=float) + "\n")
+
+
 def progress_bar(name: str, visible: bool) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

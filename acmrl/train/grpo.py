@@ -77,13 +77,14 @@ import torch
 from acmrl.config import GRPOConfig, to_dict
 from acmrl.envs import Environment, load
 from acmrl.envs.base import Task
-from acmrl.rewards import RewardWeights, trajectory_reward
+from acmrl.rewards import COMPACTIONS, RewardWeights, trajectory_reward
 from acmrl.rollout.agent import Episode
 from acmrl.rollout.records import Trajectory
 from acmrl.rollout.run import make_episode
 from acmrl.rollout.worker import JsonlLog, episode_id, run_episodes
 from acmrl.train.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
 from acmrl.train.common import (
+    MetricsLog,
     build_model,
     load_start_model,
     lr_lambda,
@@ -195,6 +196,22 @@ def rollout_metrics(trajs: list[Trajectory], terms: list[dict[str, float]]) -> d
         "rollout/cache_reuse": sum(t.metrics.get("reused_tokens", 0) for t in trajs)
         / max(1, prompt),
     }
+    # where the policy compacts (context before / budget) and what a success costs: the timing
+    # GRPO is meant to shape
+    points = [
+        e.tokens_before / max(1, t.metrics.get("budget", 0))
+        for t in trajs
+        for s in t.steps
+        for e in s.events
+        if e.kind in COMPACTIONS and e.applied
+    ]
+    wins = [t for t in trajs if t.score >= 1.0]
+    out["rollout/compaction_point"] = sum(points) / len(points) if points else float("nan")
+    out["rollout/compaction_cost_per_success"] = (
+        sum(t.metrics.get("compaction_cost", 0.0) for t in wins) / len(wins)
+        if wins
+        else float("nan")
+    )
     return out
 
 
@@ -526,6 +543,7 @@ def run_grpo(
     step = trainer.state["step"]
     losses: list[float] = list(trainer.state["losses"])
     rewards: list[float] = list(trainer.state["rewards"])
+    history = MetricsLog(trainer.out / "metrics.jsonl", step) if acc.is_main_process else None
     progress = progress_bar("grpo", acc.is_main_process)
     bar = progress.add_task("grpo", total=cfg.optim.max_steps, completed=step, info="")
     progress.start()
@@ -537,6 +555,8 @@ def run_grpo(
             rewards.append(metrics["reward/mean"])
             trainer.state |= {"losses": losses, "rewards": rewards}
             acc.log(metrics, step=step)
+            if history is not None:
+                history.write(step, metrics)
             progress.update(
                 bar,
                 completed=step,

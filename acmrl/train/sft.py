@@ -24,6 +24,7 @@ import torch
 from acmrl.config import SFTConfig, to_dict
 from acmrl.train.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
 from acmrl.train.common import (
+    MetricsLog,
     build_model,
     lr_lambda,
     make_accelerator,
@@ -151,6 +152,7 @@ def run_sft(
     batches = epoch_batches(samples, epoch, cfg)[acc.process_index :: acc.num_processes]
     model.train()
     t0 = time.perf_counter()
+    history = MetricsLog(out / "metrics.jsonl", step) if acc.is_main_process else None
     progress = progress_bar("sft", acc.is_main_process)
     bar = progress.add_task("sft", total=cfg.optim.max_steps, completed=step, info="")
     progress.start()
@@ -175,17 +177,17 @@ def run_sft(
         step, pos = step + 1, pos + 1
         losses.append(float(loss.detach()))
         tokens = int(batch["attention_mask"].sum())
-        acc.log(
-            {
-                "loss": losses[-1],
-                "nll": float(nll.detach()),
-                "kl": float(kl.detach()),
-                "lr": sched.get_last_lr()[0],
-                "target_tokens": int(batch["loss_mask"].sum()),
-                "tokens_per_s": tokens / max(1e-9, time.perf_counter() - t0),
-            },
-            step=step,
-        )
+        logged = {
+            "loss": losses[-1],
+            "nll": float(nll.detach()),
+            "kl": float(kl.detach()),
+            "lr": sched.get_last_lr()[0],
+            "target_tokens": int(batch["loss_mask"].sum()),
+            "tokens_per_s": tokens / max(1e-9, time.perf_counter() - t0),
+        }
+        acc.log(logged, step=step)
+        if history is not None:
+            history.write(step, logged)
         t0 = time.perf_counter()
         progress.update(bar, completed=step, info=f"loss {losses[-1]:.4f}")
         if acc.is_main_process and (step % cfg.save_every == 0 or step == cfg.optim.max_steps):

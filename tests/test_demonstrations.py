@@ -1,0 +1,96 @@
+"""Demonstrations a student can learn from: every call is grounded in what its context shows.
+
+The oracle knows the answer; a demonstration that uses that knowledge where the student cannot
+(an id compacted away, an answer no longer in view, a summary of facts the summariser was not
+shown) teaches it to invent. These tests hold the teacher to what the agent could see.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from acmrl.config import AgentConfig, SamplingConfig
+from acmrl.envs import load
+from acmrl.teacher.demonstrate import demonstrate
+
+
+@pytest.fixture(scope="module")
+def world():
+    return load("mixture", env="kb_search", seeds=[1, 2], options={"preset": "tiny"})
+
+
+@pytest.fixture(scope="module")
+def demos(world, tokenizer):
+    return demonstrate(
+        world,
+        world.tasks("train"),
+        ["acm"],
+        tokenizer,
+        agent=AgentConfig(max_turns=12, max_context_tokens=1400, context_signal=True),
+        sampling=SamplingConfig(max_new_tokens=96),
+        pressure=0.75,
+        pressure_spread=[0.6, 0.9],
+    )
+
+
+def test_a_mixture_routes_each_task_to_its_own_world(world):
+    tasks = world.tasks("train")
+    assert len(tasks) == 32 and len({t.id.split("/")[2] for t in tasks}) == 2  # s1, s2
+    assert world.name == "kb_search" and len(world.tasks("eval")) == 16
+    for task in (tasks[0], tasks[-1]):
+        session = world.session(task)
+        for name, args in world.oracle_plan(task):
+            session.call(name, args)
+        assert session.score() == 1.0
+
+
+def test_demonstrations_open_only_what_the_context_shows(demos, tokenizer):
+    opened = answered = 0
+    for d in demos:
+        for step in d.steps:
+            if step.call is None:
+                continue
+            prompt = tokenizer.decode(step.call.prompt_ids)
+            for action in step.actions:
+                if action["name"] == "open":  # by an id in search results or in its notes
+                    opened += 1
+                    assert action["arguments"]["doc_id"] in prompt
+                if action["name"] == "answer":  # the answer is in view, not remembered
+                    answered += 1
+                    assert action["arguments"]["text"] in prompt
+    assert opened >= 1.5 * len(demos) and answered >= 0.7 * len(demos)
+
+
+def test_teacher_notes_come_from_what_the_summariser_was_shown(demos, tokenizer):
+    notes = 0
+    for d in demos:
+        for step in d.steps:
+            for call in step.helper_calls:
+                shown = tokenizer.decode(call.prompt_ids)
+                for line in tokenizer.decode(call.completion_ids[:-1]).splitlines():
+                    line = line.removeprefix("- ")
+                    if line.startswith("To read next: "):
+                        doc_id = line.split()[3]
+                        assert doc_id in shown
+                    elif line.startswith("Documents read: "):
+                        assert all(i in shown for i in line[16:].rstrip(".").split(", "))
+                    else:  # a document's sentence, verbatim
+                        assert line in shown, line
+                    notes += 1
+    assert notes > len(demos)
+
+
+def test_teacher_turns_fit_the_completion_cap_and_timing_varies(demos):
+    assert sum(d.score == 1.0 for d in demos) >= 0.75 * len(demos)
+    lengths = [len(s.call.completion_ids) for d in demos for s in d.steps if s.call]
+    assert max(lengths) <= 64
+    # each task compacts at its own point: the context size of the first compaction varies
+    at = [
+        next(len(s.call.prompt_ids) for s in d.steps if s.events) / 1400
+        for d in demos
+        if d.metrics["compactions"]
+    ]
+    assert len(at) >= len(demos) // 2
+    assert statistics.pstdev(at) > 0.03 and len({round(x, 2) for x in at}) > len(at) // 3
