@@ -342,6 +342,11 @@ class AgentConfig:
     )
     evolve_time_ms: int = option(250, "evolve: CPU-time limit of one run", min=1)
     evolve_heap_mb: int = option(16, "evolve: JavaScript heap limit", min=1)
+    repeat_rule: bool = option(
+        False,
+        "every arm: an environment call identical to an earlier one of the episode is not run "
+        "again; a short observation says so (reports state when this is on)",
+    )
 
 
 ARMS = ("react", "summary", "acm", "evolve")
@@ -565,8 +570,10 @@ class SFTConfig:
     """`acmrl train sft`: supervised fine-tuning on a teacher-annotated dataset."""
 
     model: ModelConfig = section(ModelConfig, "the student to fine-tune")
-    dataset: str = option(
-        "runs/annotate/dataset", "a dataset written by acmrl annotate (load_from_disk)"
+    dataset: str | list[str] = option(
+        "runs/annotate/dataset",
+        "a dataset written by acmrl annotate (load_from_disk), or a list of them trained as one "
+        "(demonstrations and the teacher rounds on the trained student)",
     )
     lora: LoraConfig = section(LoraConfig, "adapters")
     optim: OptimConfig = section(OptimConfig, "optimisation")

@@ -12,7 +12,13 @@ Stages, each in its own folder under ``output`` and each skipped when a previous
 5. ``grpo``: a short GRPO run from the SFT policy, on success minus Compaction Cost;
 6. ``eval-trained``: the trained policy on the same eval tasks;
 7. ``export``: the trained policy as one Hugging Face folder, with the eval report in its card;
-8. ``compare``: base vs trained, side by side (``compare.md``).
+8. ``compare``: base vs trained, side by side (``compare.md``);
+9. ``curves``: the held-out numbers of every stage in one table and plots, and GRPO per step
+   (``curves/``).
+
+The training tasks come from ``kb_search`` worlds ``seed + 1`` ... (many worlds, so the student
+learns the skill rather than one world's names); the held-out tasks from worlds ``seed`` and
+``seed + 100``, never trained on.
 
 Every stage's configuration is written to ``configs/<stage>.yaml`` in the output folder, so each
 can be rerun by hand with the matching ``acmrl`` command.
@@ -44,6 +50,7 @@ from acmrl.config import (
 class Size:
     preset: str
     budget: int
+    train_worlds: int  # kb_search worlds (seeds seed+1 ...) whose training splits are taught
     train_tasks: int
     student_tasks: int | None  # the student's own runs, edits and resumes (demos cover all)
     eval_tasks: int
@@ -57,13 +64,25 @@ class Size:
 
 SIZES = {
     # a pipeline check in about a minute (the tests run it on a tiny random model)
-    "smoke": Size("tiny", 1400, 2, 1, 2, 3, 24, 2, 1, 2, 1),
-    "small": Size("tiny", 1400, 8, 2, 4, 10, 96, 20, 2, 4, 1),
-    "default": Size("tiny", 1400, 16, 4, 8, 10, 96, 40, 2, 4, 1),
+    "smoke": Size("tiny", 1400, 1, 2, 1, 2, 3, 24, 2, 1, 2, 1),
+    "small": Size("tiny", 1400, 4, 64, 2, 8, 12, 96, 20, 2, 4, 1),
+    "default": Size("tiny", 1400, 10, 160, 4, 16, 12, 96, 40, 2, 4, 1),
     # longer multi-hop tasks, for a GPU
-    "large": Size("small", 2048, 40, None, 20, 16, 128, 150, 20, 8, 4),
+    "large": Size("small", 2048, 4, 800, None, 40, 16, 128, 150, 20, 8, 4),
 }
-STAGES = ["tasks", "eval-base", "annotate", "sft", "grpo", "eval-trained", "export", "compare"]
+STAGES = [
+    "tasks",
+    "eval-base",
+    "annotate",
+    "sft",
+    "grpo",
+    "eval-trained",
+    "export",
+    "compare",
+    "curves",
+]
+# held-out tasks come from worlds never trained on: the demo's seed and seed + EVAL_WORLD
+EVAL_WORLD = 100
 
 
 def cpu_has_bf16() -> bool:
@@ -100,9 +119,24 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
     """The configuration of every stage, derived from the demo's size."""
     z = SIZES[cfg.size]
     out = Path(cfg.output)
-    env = EnvConfig(name="kb_search", options={"preset": z.preset, "seed": cfg.seed})
-    # the context signal shows the agent its context size, so when to compact is learnable
-    agent = AgentConfig(max_turns=z.max_turns, max_context_tokens=z.budget, context_signal=True)
+    preset = {"preset": z.preset}
+    # many worlds to learn the skill, not one world's names; held-out worlds to test it
+    env = EnvConfig(
+        name="mixture",
+        options={"env": "kb_search", "seeds": [cfg.seed, cfg.seed + EVAL_WORLD], "options": preset},
+    )
+    train_seeds = [cfg.seed + 1 + i for i in range(z.train_worlds)]
+    train_env = EnvConfig(
+        name="mixture",
+        options={"env": "kb_search", "seeds": train_seeds, "options": preset},
+        split="train",
+        limit=z.train_tasks,
+    )
+    # the context signal shows the agent its context size, so when to compact is learnable; the
+    # repeat rule (every arm alike) answers an identical repeated call without running it
+    agent = AgentConfig(
+        max_turns=z.max_turns, max_context_tokens=z.budget, context_signal=True, repeat_rule=True
+    )
     greedy = SamplingConfig(max_new_tokens=z.max_new_tokens, stop=["</tool_call>"])
     model = cfg.model
     mp = precision(cfg)
@@ -119,7 +153,6 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
         )
         return e
 
-    train_env = dataclasses.replace(env, split="train", limit=z.train_tasks)
     annotate = AnnotateConfig(
         model=model,
         sampling=greedy,
@@ -133,6 +166,7 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
         output=str(out / "annotate"),
     )
     annotate.teacher.pressure = 0.75
+    annotate.teacher.pressure_spread = [0.5, 0.9]  # each task compacts at its own point
     sft = SFTConfig(
         model=model,
         dataset=str(out / "annotate"),
@@ -245,7 +279,14 @@ class Demo:
             ),
             "base vs trained",
         )
+        self.stage(9, "curves", self._curves, "held-out numbers per stage, GRPO per step")
         return self.summary()
+
+    def _curves(self) -> None:
+        from acmrl.eval.curves import write_curves
+
+        stages = [("base", self.out / "eval-base"), ("trained", self.out / "eval-trained")]
+        write_curves(stages, self.out / "curves", self.out / "grpo")
 
     def _tasks(self) -> None:
         from acmrl.envs import load
@@ -253,12 +294,14 @@ class Demo:
         env_cfg = self.configs["annotate"].env
         env = load(env_cfg.name, **env_cfg.options)
         z = SIZES[self.cfg.size]
+        eval_cfg = self.configs["eval-base"].env
+        held_out = load(eval_cfg.name, **eval_cfg.options)
         info = {
-            "env": env_cfg.name,
-            "options": env_cfg.options,
+            "train_env": {"name": env_cfg.name, "options": env_cfg.options},
+            "eval_env": {"name": eval_cfg.name, "options": eval_cfg.options},
             "budget": z.budget,
             "train_tasks": [t.id for t in env.tasks("train")[: z.train_tasks]],
-            "eval_tasks": [t.id for t in env.tasks("eval")[: z.eval_tasks]],
+            "eval_tasks": [t.id for t in held_out.tasks("eval")[: z.eval_tasks]],
         }
         (self.out / "tasks.json").write_text(json.dumps(info, indent=1))
         self.console.print(
@@ -309,6 +352,7 @@ class Demo:
         self.console.print(f"report (base): {self.out / 'eval-base' / 'report.md'}")
         self.console.print(f"report (trained): {self.out / 'eval-trained' / 'report.md'}")
         self.console.print(f"before/after: {self.out / 'compare.md'}")
+        self.console.print(f"learning curves: {self.out / 'curves' / 'curves.md'}")
         self.console.print(f"exported checkpoint: {self.out / 'export'}")
         result = {"rows": rows, "seconds": self.times, "total_seconds": total}
         (self.out / "summary.json").write_text(json.dumps(result, indent=1))

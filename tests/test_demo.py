@@ -20,6 +20,11 @@ def test_stage_configs_chain_the_stages(tmp_path):
     assert c["eval-base"].env == c["eval-trained"].env  # the same held-out tasks
     assert c["eval-base"].env.split == "eval" and c["annotate"].env.split == "train"
     assert c["annotate"].demonstrations
+    # the held-out worlds are never trained on
+    trained = set(c["annotate"].env.options["seeds"])
+    assert trained.isdisjoint(c["eval-base"].env.options["seeds"])
+    assert c["grpo"].env == c["annotate"].env and len(trained) == 10
+    assert c["eval-base"].agent.repeat_rule and c["annotate"].teacher.pressure_spread
 
 
 def test_smoke_demo_runs_every_stage(tmp_path, tiny_model_dir):
@@ -44,6 +49,8 @@ def test_smoke_demo_runs_every_stage(tmp_path, tiny_model_dir):
     assert "acmrl eval" in (out / "export" / "README.md").read_text()  # the report in the card
     assert "| acm | Pass@1 |" in (out / "compare.md").read_text()
     assert (out / "configs" / "grpo.yaml").exists()
+    curves = (out / "curves" / "curves.md").read_text()
+    assert "| base | acm |" in curves and "| trained | react |" in curves
     assert "exported checkpoint:" in result.output and "wall time" in result.output
 
     again = CliRunner().invoke(app, args)  # every stage is done: only the summary runs

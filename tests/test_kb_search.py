@@ -126,3 +126,16 @@ def test_pressure_is_real_on_small(small, tokenizer):
     assert report["oracle_score"] == 1.0
     assert report["max_base_plus_peak"] < 0.6 * small.max_context_tokens
     assert report["mean_steps"] == 2 * PRESETS["small"].hops + 1
+
+
+@pytest.mark.slow
+def test_every_preset_builds_for_every_world_seed():
+    """A user sweeping seeds never hits a world too small for its splits (issue 15, item 2):
+    tiny, small and medium over seeds 0-49, large over a few."""
+    sweep = {"tiny": range(50), "small": range(50), "medium": range(50), "large": range(3)}
+    for preset, seeds in sweep.items():
+        for seed in seeds:
+            env = load("kb_search", preset=preset, seed=seed)
+            cfg = PRESETS[preset]
+            assert len(env.tasks("train")) == cfg.n_train, (preset, seed)
+            assert len(env.tasks("eval")) == cfg.n_eval, (preset, seed)

@@ -234,3 +234,17 @@ def test_a_killed_rollout_resumes_without_duplicates(env, tiny, tmp_path):
     ids = [json.loads(line)["episode_id"] for line in out.read_text().splitlines()]
     assert len(ids) == 6 == len(set(ids))
     assert ids[: len(first)] == [json.loads(x)["episode_id"] for x in first]
+
+
+def test_repeat_rule_answers_a_repeated_call_without_running_it(env, tiny):
+    task = env.tasks("eval")[0]
+    first = env.oracle_plan(task)[0]
+    texts = calls([first, first, ("answer", {"text": "x"})])
+    for rule in (False, True):
+        ep = episode(env, task, "react", tiny.tokenizer, max_context_tokens=4096, repeat_rule=rule)
+        traj = play(ep, texts, tiny)
+        second = traj.steps[1].observations[0]
+        if rule:
+            assert second.startswith("You already called search with these arguments on turn 1")
+        else:
+            assert second == traj.steps[0].observations[0]  # run again, same result

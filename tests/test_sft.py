@@ -114,3 +114,16 @@ def test_runs_with_different_precision_in_one_process(tmp_path, dataset, tiny_mo
         cfg = config(tmp_path / str(i), dataset, tiny_model_dir, max_steps=1)
         cfg.optim.mixed_precision = precision
         assert run_sft(cfg)["steps"] == 1
+
+
+def test_several_datasets_train_as_one(tmp_path, dataset, tiny_model_dir):
+    """Demonstrations plus a teacher round on the trained student: dataset=[a, b]."""
+    from acmrl.train.sft import load_samples
+
+    one = load_samples(config(tmp_path, dataset, tiny_model_dir))
+    cfg = config(tmp_path, dataset, tiny_model_dir)
+    cfg.dataset = [str(dataset), str(dataset / "dataset")]  # the folder or its dataset/
+    assert len(load_samples(cfg)) == 2 * len(one) > 0
+    cfg.dataset = [str(dataset), str(tmp_path / "missing")]
+    with pytest.raises(ValueError, match="missing"):
+        load_samples(cfg)

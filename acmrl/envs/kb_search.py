@@ -343,6 +343,12 @@ def _question(start: Entity, chain: list[tuple[str, Entity]]) -> str:
     )
 
 
+class _ShortSplit(Exception):
+    def __init__(self, split: str, message: str) -> None:
+        super().__init__(message)
+        self.split = split
+
+
 class KBSearch(Environment):
     """The ``kb_search`` environment; see the module docstring."""
 
@@ -369,22 +375,49 @@ class KBSearch(Environment):
             raise EnvError(f"kb_search hops={cfg.hops}: a question needs at least 2 documents")
         self.preset, self.seed = preset, seed
         self.max_context_tokens = cfg.max_context_tokens
-        self.world = World(cfg, seed)
         self._meta: dict[str, dict[str, Any]] = {}
-        self._tasks = self._make_tasks()
-        self.index = SearchIndex(self.world.documents(), k=cfg.search_k)
+        # a world too small for its splits (some seeds) grows by a quarter until they fit, so
+        # every seed builds; worlds that fit are exactly as before
+        for attempt in range(8):
+            self.world = World(self.cfg, seed)
+            try:
+                self._tasks = self._make_tasks()
+                break
+            except EnvError as exc:
+                if attempt == 7:
+                    raise EnvError(
+                        f"{exc} (seed {seed}, grown to {self.cfg.people} people)"
+                    ) from None
+                self.cfg = replace(self.cfg, people=self.cfg.people + max(1, self.cfg.people // 4))
+        self.index = SearchIndex(self.world.documents(), k=self.cfg.search_k)
         for split in self._tasks.values():  # doc ids exist only once documents are written
             for task in split:
                 task.metadata["gold_docs"] = [e.doc_id for e in self._meta[task.id]["chain"]]
         self.documents = self.index.docs
 
     def _make_tasks(self) -> dict[str, list[Task]]:
-        cfg, world = self.cfg, self.world
+        cfg = self.cfg
         rng = random.Random(self.seed * 7919 + 1)
-        people = list(world.people)
+        people = list(self.world.people)
         rng.shuffle(people)
         # Split by the starting person, so train and eval never share a question (or its key fact).
         n_eval_people = max(1, len(people) * cfg.n_eval // max(1, cfg.n_train + cfg.n_eval))
+        state = rng.getstate()
+        while True:
+            rng.setstate(state)
+            try:
+                return self._splits(people, n_eval_people, rng)
+            except _ShortSplit as short:
+                # a world whose first people cannot make enough eval questions lends the eval
+                # split one more person at a time (seeds that never needed it are unchanged)
+                if short.split != "eval" or n_eval_people >= len(people) - 1:
+                    raise EnvError(str(short)) from None
+                n_eval_people += 1
+
+    def _splits(
+        self, people: list[Entity], n_eval_people: int, rng: random.Random
+    ) -> dict[str, list[Task]]:
+        cfg, world = self.cfg, self.world
         groups = {"eval": people[:n_eval_people], "train": people[n_eval_people:]}
         wanted = {"train": cfg.n_train, "eval": cfg.n_eval}
         out: dict[str, list[Task]] = {}
@@ -400,9 +433,10 @@ class KBSearch(Environment):
                     continue
                 tasks.append(self._task(split, len(tasks), start, chain, event))
             if len(tasks) < wanted[split]:
-                raise EnvError(
-                    f"kb_search could only build {len(tasks)} {split} questions of {cfg.hops} hops; "
-                    f"lower n_{split} or raise people"
+                raise _ShortSplit(
+                    split,
+                    f"kb_search could only build {len(tasks)} {split} questions of {cfg.hops} "
+                    f"hops; lower n_{split} or raise people",
                 )
             out[split] = tasks
         return out

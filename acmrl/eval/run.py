@@ -77,6 +77,7 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None) -> dict[str, Any]:
         "temperature": cfg.sampling.temperature,
         "max_new_tokens": cfg.sampling.max_new_tokens,
         "machine": cfg.machine,
+        "repeat_rule": cfg.agent.repeat_rule,
     }
     report = build_report(rows, meta)
     write_report(report, rows, out, plots=cfg.plots)
@@ -287,7 +288,13 @@ def report_markdown(report: dict[str, Any], figures: list[str]) -> str:
         f"{any_arm['tasks']} tasks x {m['samples']} sample(s) per arm; temperature "
         f"{m['temperature']}, at most {m['max_new_tokens']} tokens per turn; context budget "
         f"{any_arm['budget']} tokens (the complete rendered input)."
-        + (f" Machine: {m['machine']}." if m.get("machine") else ""),
+        + (f" Machine: {m['machine']}." if m.get("machine") else "")
+        + (
+            " Harness rule on in every arm: an environment call identical to an earlier one is "
+            "not run again (`agent.repeat_rule`)."
+            if m.get("repeat_rule")
+            else ""
+        ),
         "",
         main_table(report),
         "",

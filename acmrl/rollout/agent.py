@@ -84,6 +84,7 @@ class Episode:
         self.queue: list[ToolCall] = []
         self.last_input: list[int] = []  # the last policy prompt + completion: what is cached
         self._pending: list[_Pending] = []  # context events waiting for the next input
+        self._env_calls: dict[tuple[str, str], int] = {}  # environment call -> first turn
         self._resume: Callable[[Completion], None] | None = None
         self.pending_role = "policy"
         self._step: Step | None = None
@@ -266,6 +267,11 @@ class Episode:
         if call.name == EVOLVE_TOOL:
             self._evolve(call)
             return None
+        key = (call.name, json.dumps(call.arguments, sort_keys=True))
+        if self.agent.repeat_rule and call.name != ANSWER_TOOL and key in self._env_calls:
+            self._output(call_id, repeated_call(call.name, self._env_calls[key]))
+            return None
+        self._env_calls.setdefault(key, self.turn)
         obs = self.session.call(call.name, call.arguments)
         self._output(call_id, obs if isinstance(obs, str) else json.dumps(obs))
         if self.session.done:
@@ -470,6 +476,14 @@ class Episode:
                 "evolve", call.tokens, None, applied=result.applied, detail=result.error or ""
             )
         )
+
+
+def repeated_call(name: str, turn: int) -> str:
+    """The observation of ``agent.repeat_rule`` for a call made before (in every arm alike)."""
+    return (
+        f"You already called {name} with these arguments on turn {turn + 1}; it was not run "
+        "again. Use its result, or make a different call."
+    )
 
 
 @dataclass

@@ -7,9 +7,10 @@ the context tools run for real, and every policy turn is the teacher's: a first-
 and the call, in the exact rendering the student reads. Each turn is chosen from what the agent
 has seen so far, as the oracle's corrections are:
 
-- with context tools (``acm``, ``evolve``), when the input reaches ``pressure`` x budget and
-  nothing was compacted since the last environment call, the teacher compacts (``manage_context``,
-  or an ``evolve`` that keeps the documents' fact sentences). ``pressure`` may be drawn per task
+- with context tools (``acm``, ``evolve``), when the input reaches ``pressure`` x budget right
+  after a document was read, or whenever the next document would not fit, and nothing was
+  compacted since the last environment call, the teacher compacts (``manage_context``, or an
+  ``evolve`` that keeps the documents' fact sentences). ``pressure`` may be drawn per task
   from a range (``teacher.pressure_spread``), so the demonstrations compact at different points;
 - otherwise the next call of the expert's plan that is still needed, using only what the context
   shows now: a document is opened by an id the agent can see (in search results or its notes),
@@ -87,11 +88,17 @@ class Demonstrator:
         signals = _SIGNAL.findall(prompt)
         n = int(signals[-1]) if signals else len(self.tok.encode(prompt, add_special_tokens=False))
         name, args = _next_needed(self.env, self.task, self.seen, self.done, visible=prompt)
+        # compact once the pressure is reached right after reading a document (its facts are
+        # what a summary keeps), or whenever the next document would not fit
+        just_read = bool(self.done) and self.done[-1][0] == "open"
         if (
             self.arm in ("acm", "evolve")
             and not self.compacted
             and self.done
-            and (n >= self.pressure * self.budget or self._would_overflow(n, name, args))
+            and (
+                (just_read and n >= self.pressure * self.budget)
+                or self._would_overflow(n, name, args)
+            )
         ):
             self.compacted = True
             # short, so that the student's compaction turn fits its completion cap; what to

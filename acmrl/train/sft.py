@@ -35,21 +35,27 @@ from acmrl.train.loss import sft_loss, target_logprobs, topk_kl_at
 
 
 def load_samples(cfg: SFTConfig) -> list[dict[str, Any]]:
+    """The trainable samples of every dataset of ``cfg.dataset``, in order."""
     from datasets import load_from_disk
 
-    path = Path(cfg.dataset)
-    if (
-        not (path / "dataset_dict.json").exists()
-        and (path / "dataset" / "dataset_dict.json").exists()
-    ):
-        path = path / "dataset"  # the annotate output folder was given
-    try:
-        ds = load_from_disk(str(path))
-    except FileNotFoundError as exc:
-        raise ValueError(
-            f"dataset {cfg.dataset!r} not found: give the folder acmrl annotate wrote"
-        ) from exc
-    samples = [s for s in ds["samples"] if s["weight"] > cfg.min_weight and any(s["loss_mask"])]
+    folders = [cfg.dataset] if isinstance(cfg.dataset, str) else list(cfg.dataset)
+    samples: list[dict[str, Any]] = []
+    for folder in folders:
+        path = Path(folder)
+        if (
+            not (path / "dataset_dict.json").exists()
+            and (path / "dataset" / "dataset_dict.json").exists()
+        ):
+            path = path / "dataset"  # the annotate output folder was given
+        try:
+            ds = load_from_disk(str(path))
+        except FileNotFoundError as exc:
+            raise ValueError(
+                f"dataset {folder!r} not found: give the folder acmrl annotate wrote"
+            ) from exc
+        samples += [
+            s for s in ds["samples"] if s["weight"] > cfg.min_weight and any(s["loss_mask"])
+        ]
     if not samples:
         raise ValueError(
             f"dataset {cfg.dataset!r} has no sample with weight > {cfg.min_weight} and a target"
