@@ -453,6 +453,11 @@ class TeacherConfig:
         "demonstrations: [lo, hi] to draw each task's compaction point from (seeded by the "
         "task); empty: pressure for all",
     )
+    reasoned_answers: bool = option(
+        False,
+        "demonstrations: the answer turn first restates the fact it rests on and what it looks "
+        "for (kb_search: the birth year, then 'the event held in <town> in <year>')",
+    )
     max_attempts: int = option(
         3, "llm: tries per trajectory before the assessment is failed", min=1
     )

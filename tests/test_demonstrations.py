@@ -94,3 +94,27 @@ def test_teacher_turns_fit_the_completion_cap_and_timing_varies(demos):
     ]
     assert len(at) >= len(demos) // 2
     assert statistics.pstdev(at) > 0.03 and len({round(x, 2) for x in at}) > len(at) // 3
+
+
+def test_reasoned_answers_restate_the_key_fact_not_the_answer(world, tokenizer):
+    task = world.tasks("train")[0]
+    (demo,) = demonstrate(
+        world,
+        [task],
+        ["acm"],
+        tokenizer,
+        agent=AgentConfig(max_turns=12, max_context_tokens=1400, context_signal=True),
+        sampling=SamplingConfig(max_new_tokens=96),
+        reasoned_answers=True,
+    )
+    last = demo.steps[-1]
+    assert demo.score == 1.0 and last.actions[0]["name"] == "answer"
+    rationale = last.text.split("<tool_call>")[0]
+    year = task.metadata["key_fact"].split()[-1].rstrip(".")
+    town = task.metadata["entities"][-1]
+    assert (
+        rationale.strip()
+        == f"{task.metadata['key_fact']} So I need the event held in {town} in {year}."
+    )
+    assert task.answer not in rationale  # what it looks for, never the answer itself
+    assert task.metadata["key_fact"] in tokenizer.decode(last.call.prompt_ids)  # in view

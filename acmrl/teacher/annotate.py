@@ -154,6 +154,7 @@ def annotate_tasks(
             sampling=cfg.sampling,
             pressure=cfg.teacher.pressure,
             pressure_spread=cfg.teacher.pressure_spread or None,
+            reasoned_answers=cfg.teacher.reasoned_answers,
         )
         by_task: dict[str, list[dict[str, Any]]] = {}
         for d in demos:

@@ -68,9 +68,17 @@ class Demonstrator:
     """The oracle's reply function for one demonstration episode (policy and summariser)."""
 
     def __init__(
-        self, env: Environment, task: Task, arm: str, budget: int, tokenizer: Any, pressure: float
+        self,
+        env: Environment,
+        task: Task,
+        arm: str,
+        budget: int,
+        tokenizer: Any,
+        pressure: float,
+        reasoned_answers: bool = False,
     ) -> None:
         self.env, self.task, self.arm, self.budget = env, task, arm, budget
+        self.reasoned_answers = reasoned_answers
         self.tok, self.pressure = tokenizer, pressure
         self.seen = task.prompt  # everything read so far (kept across compactions)
         self.done: list[tuple[str, str]] = []
@@ -121,7 +129,19 @@ class Demonstrator:
             name, args = ("open", {"doc_id": last}) if last in prompt else self._search_last()
         self.done.append((name, json.dumps(args, sort_keys=True)))
         self.compacted = False
-        return self._turn(_describe(name, args), name, args)
+        why = self._answer_rationale(prompt) if name == "answer" else None
+        return self._turn(why or _describe(name, args), name, args)
+
+    def _answer_rationale(self, prompt: str) -> str | None:
+        """With ``reasoned_answers``: the fact the answer rests on and what it looks for, both
+        in view, said before the answer (the key fact's year, then the event of that year),
+        so that the student looks the answer up instead of guessing it. Never the answer."""
+        meta = self.task.metadata
+        key, entities = meta.get("key_fact"), meta.get("entities", [])
+        year = re.search(r"\b\d{4}\b", key or "")
+        if not (self.reasoned_answers and key and year and entities and key in prompt):
+            return None
+        return f"{key} So I need the event held in {entities[-1]} in {year.group(0)}."
 
     def _would_overflow(self, n: int, name: str, args: dict[str, Any]) -> bool:
         """Whether the next call's result would push the input past the budget (the oracle
@@ -199,6 +219,7 @@ def demonstrate(
     sampling: SamplingConfig,
     pressure: float = 0.6,
     pressure_spread: list[float] | None = None,
+    reasoned_answers: bool = False,
     concurrency: int = 16,
 ) -> list[Trajectory]:
     """One demonstration per task and arm, run through the real agent loop; all policy turns are
@@ -211,7 +232,7 @@ def demonstrate(
             )
             episodes.append(ep)
             at = pressure_for(task.id, pressure, pressure_spread)
-            demos[ep.id] = Demonstrator(env, task, arm, ep.budget, tokenizer, at)
+            demos[ep.id] = Demonstrator(env, task, arm, ep.budget, tokenizer, at, reasoned_answers)
 
     def reply(session_id: str, prompt: str) -> str:
         episode = session_id.removesuffix("/summariser").removesuffix("/querier")
