@@ -219,7 +219,8 @@ def check_adapter_base(adapter: str | Path, base: str) -> None:
     want = json.loads(record.read_text()).get("base_id")
     if want is None:
         return
-    got = model_id(resolve_model(base)) if Path(resolve_model(base)).exists() else None
+    where = resolve_model(base)
+    got = model_id(where) if Path(where).exists() else None
     if got != want:
         raise ModelError(
             f"adapter {adapter} was trained on the model with id {want} (recorded in "

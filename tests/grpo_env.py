@@ -24,3 +24,14 @@ class TargetEnv(Environment):
 
     def _handlers(self, task: Task) -> dict:
         return {}
+
+
+def override(cfg, **kw):
+    """Set nested config fields from ``section__field=value`` keywords; returns ``cfg``."""
+    for key, value in kw.items():
+        obj = cfg
+        *path, last = key.split("__")
+        for part in path:
+            obj = getattr(obj, part)
+        setattr(obj, last, value)
+    return cfg

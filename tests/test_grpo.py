@@ -12,7 +12,7 @@ from acmrl.config import ConfigError, GRPOConfig, load_config
 from acmrl.train.checkpoint import latest_checkpoint
 from acmrl.train.grpo import run_grpo, step_tasks, token_batches
 from acmrl.train.samples import Sample
-from tests.grpo_env import TargetEnv
+from tests.grpo_env import TargetEnv, override
 
 
 @pytest.fixture(scope="module")
@@ -60,13 +60,7 @@ def config(tmp_path, model, target, **kw) -> GRPOConfig:
     cfg.tasks_per_step = 2
     cfg.optim.lr = 3e-3
     cfg.optim.schedule = "constant"
-    for k, v in kw.items():
-        obj = cfg
-        *path, last = k.split("__")
-        for p in path:
-            obj = getattr(obj, p)
-        setattr(obj, last, v)
-    return cfg
+    return override(cfg, **kw)
 
 
 def test_step_tasks_cover_each_epoch_in_a_seeded_order():

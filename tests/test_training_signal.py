@@ -24,7 +24,7 @@ from acmrl.rollout.agent import Episode
 from acmrl.rollout.records import ModelCall, Step, Trajectory
 from acmrl.rollout.worker import run_episodes
 from acmrl.train.samples import ENV, POLICY, TEACHER, trajectory_samples
-from tests.grpo_env import TargetEnv
+from tests.grpo_env import TargetEnv, override
 
 
 @pytest.fixture(scope="module")
@@ -159,13 +159,7 @@ def _grpo_cfg(tmp_path, model, **kw) -> GRPOConfig:
     cfg.tasks_per_step = 1
     cfg.optim.lr = 1e-2
     cfg.lora.r = 4
-    for key, value in kw.items():
-        obj = cfg
-        *path, last = key.split("__")
-        for p in path:
-            obj = getattr(obj, p)
-        setattr(obj, last, value)
-    return cfg
+    return override(cfg, **kw)
 
 
 def _push(trainer) -> None:

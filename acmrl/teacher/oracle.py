@@ -141,13 +141,12 @@ class OracleTeacher:
             calls = [(a["name"], json.dumps(a["arguments"], sort_keys=True)) for a in s.actions]
             answering = any(name == "answer" for name, _ in calls) or not s.actions
             unread = [d for d in gold if not _opened(d, seen)]
-            visible = self.tokenizer.decode(s.call.prompt_ids) if self.tokenizer else seen
             why = None
             if answering and unread:
                 why = (
                     "I have not read the documents the question depends on yet, so I cannot answer."
                 )
-            elif answering and self._wrong_answer(task, s, visible):
+            elif answering and self._wrong_answer(task, s, self._visible(s, seen)):
                 # the evidence is in view and the answer does not follow from it
                 why = "My answer does not match what I have read."
             elif any(c in done for c in calls):
@@ -155,13 +154,17 @@ class OracleTeacher:
             elif s.errors or any(o.startswith("Error") for o in s.observations):
                 why = "My last call did not work as written."
             if why is not None:
-                name, args = _next_needed(self.env, task, seen, done, visible)
+                name, args = _next_needed(self.env, task, seen, done, self._visible(s, seen))
                 rationale = f"{why} {_describe(name, args)}"
                 return Assessment(
                     "correction", i, {"name": name, "arguments": args}, rationale, self.name
                 )
             done += calls
         return None
+
+    def _visible(self, step: Any, seen: str) -> str:
+        """What the student's context showed at ``step`` (its decoded prompt), else ``seen``."""
+        return self.tokenizer.decode(step.call.prompt_ids) if self.tokenizer else seen
 
     def _wrong_answer(self, task: Task, step: Any, visible: str) -> bool:
         """An answer call (or plain reply) that scores below 1 while the reference is in view."""
