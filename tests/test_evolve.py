@@ -1,5 +1,6 @@
 import copy
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -164,6 +165,46 @@ def test_python_survives_repeated_limit_hits():
         ):
             assert not run(code, limits=EvolveLimits(time_ms=20)).applied
     assert run("return state;").applied
+
+
+NATIVE_STALLS = {
+    # each spends seconds inside one native call, where QuickJS's own interrupt never runs
+    "backtracking regex": 'const r = /(a+)+$/; r.test("a".repeat(30) + "b"); return state;',
+    "backtracking regex in replace": (
+        'state[0].content[0].text = "x".repeat(28).replace(/(x+x+)+y/, "z"); return state;'
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(NATIVE_STALLS))
+def test_time_limit_is_hard_inside_native_calls(name):
+    from acmrl.context.jsworker import worker
+
+    state = [*base_state(), evolve_call("ev", NATIVE_STALLS[name])]
+    before = copy.deepcopy(state)
+    restarts = worker().restarts
+    t = time.perf_counter()
+    result = apply_evolve(state)
+    took = time.perf_counter() - t
+    assert not result.applied and result.error == "time limit of 250 ms exceeded"
+    assert took < 1.0, f"the script ran {took:.2f} s"
+    assert result.state[:-1] == before  # the old State stays
+    assert worker().restarts == restarts + 1  # the stuck sandbox was killed...
+    assert run("return state;").applied  # ...and its successor runs the next edit
+    assert "limit" in run("while (true) {}").error  # with the limits still in force
+    assert "stack limit" in run("function f(n){ return f(n + 1) + 1; } return f(0);").error
+
+
+def test_sandbox_runs_in_its_own_process():
+    """The model's code cannot reach or stall the Python process that runs the agent loop."""
+    import os
+
+    from acmrl.context.jsworker import worker
+
+    run("return state;")
+    pid = worker()._proc.pid
+    assert pid != os.getpid()
+    assert run("return state;").applied and worker()._proc.pid == pid  # persistent
 
 
 def test_size_limits():

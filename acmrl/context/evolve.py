@@ -15,8 +15,10 @@ Compaction Cost. "Before" is the previous model input plus the evolve call it ge
 is the new State through the same call; both are complete renders (system prompt and tools
 included) without the receipt, whose own tokens are new in either case.
 
-The time limit is process CPU time (QuickJS checks ``clock()``), so other busy threads in the
-same process shorten it; never run evolve concurrently with generation in one process.
+The code runs in a sandbox child process (:mod:`acmrl.context.jsworker`): QuickJS's own CPU-time
+limit stops ordinary loops, and a script stuck inside one native call (a backtracking regular
+expression) is stopped from outside, by killing the child at the time limit plus a margin; the
+edit is then refused with the time-limit error, the old State stays and a new child takes over.
 """
 
 from __future__ import annotations
@@ -27,8 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import quickjs
-
+from acmrl.context.jsworker import SandboxRefused, worker
 from acmrl.context.prefix import cache_cost, compaction_cost, reusable_prefix
 from acmrl.context.state import EVOLVE_TOOL, FunctionCallOutput, State, StateError, validate
 
@@ -47,9 +48,11 @@ class EvolveLimits:
     stack_bytes: int = 256 * KiB
     code_bytes: int = 64 * KiB
     state_bytes: int = 1 * MiB
+    margin_ms: int = 250  # past time_ms + this (wall clock), the sandbox process is killed
 
     def __post_init__(self) -> None:
-        for name in ("time_ms", "heap_bytes", "stack_bytes", "code_bytes", "state_bytes"):
+        names = ("time_ms", "heap_bytes", "stack_bytes", "code_bytes", "state_bytes", "margin_ms")
+        for name in names:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"EvolveLimits.{name} must be a positive integer, got {value!r}")
@@ -68,80 +71,20 @@ class EvolveRefused(Exception):
     """Internal: the edit is refused; the message goes into the receipt."""
 
 
-# The harness wrapper. It captures the built-ins it relies on before the model's code runs, so
-# that code cannot subvert them by patching globals or prototypes, and it removes the inputs
-# from the global object.
-_WRAPPER = r"""
-(function () {
-  "use strict";
-  const parse = JSON.parse, stringify = JSON.stringify, isArray = Array.isArray;
-  const isFinite = Number.isFinite, ctor = Function, Err = Error;
-  const input = parse(globalThis.__acmrl_state);
-  const body = globalThis.__acmrl_code;
-  delete globalThis.__acmrl_state;
-  delete globalThis.__acmrl_code;
-  let out;
-  try {
-    out = ctor("state", '"use strict";\n' + body)(input);
-  } catch (e) {
-    // the model may throw null/undefined; QuickJS reports running out of memory while throwing
-    // as a null exception, so a null that reaches Python means the heap limit
-    if (e === null || e === undefined) throw new Err("[harness] the code threw " + e);
-    throw e;
-  }
-  if (out !== null && (typeof out === "object" || typeof out === "function") &&
-      typeof out.then === "function") {
-    throw new Err("[harness] evolve must return the State synchronously; it returned a Promise");
-  }
-  if (!isArray(out)) throw new Err("[harness] evolve must return the State array, got " + typeof out);
-  return stringify(out, function (key, value) {
-    const t = typeof value;
-    if (t === "undefined" || t === "function" || t === "symbol" || t === "bigint") {
-      throw new Err("[harness] the returned State holds a non-JSON value (" + t + ")");
-    }
-    if (t === "number" && !isFinite(value)) {
-      throw new Err("[harness] the returned State holds a non-finite number");
-    }
-    return value;
-  });
-})()
-"""
-
-
-def _js_error(exc: Exception, limits: EvolveLimits) -> str:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if isinstance(exc, quickjs.StackOverflow) or "stack overflow" in first:
-        return f"stack limit of {limits.stack_bytes // KiB} KiB exceeded"
-    if "interrupted" in first:
-        return f"time limit of {limits.time_ms} ms exceeded"
-    # at the heap limit QuickJS may fail to allocate even the error's message, and the binding
-    # then reports that it could not read it
-    if "out of memory" in first or first == "null" or "Failed obtaining QuickJS error" in first:
-        return f"memory limit of {limits.heap_bytes // MiB} MiB exceeded"
-    if "[harness] " in first:
-        return first.split("[harness] ", 1)[1]
-    return f"the code threw: {first[:300]}"
-
-
 def run_js(state_json: str, code: str, limits: EvolveLimits) -> str:
-    """Run ``code`` over the State in a fresh, limited QuickJS context; return the result JSON."""
-    # A context that hit a limit is never reused: QuickJS can be left inconsistent by an
-    # out-of-memory error, so each run gets its own context and drops it afterwards.
-    ctx = quickjs.Context()
-    ctx.set_memory_limit(limits.heap_bytes)
-    ctx.set_max_stack_size(limits.stack_bytes)
-    ctx.set_time_limit(limits.time_ms / 1000.0)
+    """Run ``code`` over the State in this process's sandbox worker (a fresh, limited QuickJS
+    context per run, in a child process killed at the deadline); return the result JSON."""
     try:
-        ctx.set("__acmrl_state", state_json)
-        ctx.set("__acmrl_code", code)
-        result = ctx.eval(_WRAPPER)
-    except quickjs.JSException as exc:
-        raise EvolveRefused(_js_error(exc, limits)) from None
-    finally:
-        del ctx
-    if not isinstance(result, str):
-        raise EvolveRefused("evolve did not produce a State")
-    return result
+        return worker().run(
+            state_json,
+            code,
+            limits.time_ms,
+            limits.heap_bytes,
+            limits.stack_bytes,
+            margin_ms=limits.margin_ms,
+        )
+    except SandboxRefused as exc:
+        raise EvolveRefused(str(exc)) from None
 
 
 def _code_of(call: dict[str, Any]) -> str:
