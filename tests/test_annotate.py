@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from acmrl.config import AnnotateConfig
+from acmrl.config import AgentConfig, AnnotateConfig, SamplingConfig
 from acmrl.context.render import format_tool_call
 from acmrl.engines.scripted import ScriptedEngine
 from acmrl.envs import load
@@ -54,7 +54,6 @@ def test_parse_json_object_is_robust():
 
 def _student_episode(tiny, arm: str):
     """One finished episode of the scripted student on the first tiny eval task."""
-    from acmrl.config import AgentConfig, SamplingConfig
     from acmrl.rollout.agent import Episode
     from acmrl.rollout.worker import run_episodes
 
@@ -107,6 +106,49 @@ def test_llm_teacher_records_a_failure_after_its_attempts(tiny):
     assert not a.valid and a.attempts == 3
     assert any("leaks the reference answer" in e for e in a.errors)
     assert any("mentions 'feedback'" in e for e in a.errors)
+
+
+def test_llm_teacher_evolve_code_must_run(tiny):
+    """An LLM teacher's evolve edit is run in the sandbox on the student's State (issue 15):
+    code that fails there is sent back with the error, and the retry is accepted."""
+    from acmrl.teacher.splice import state_before
+
+    task, ep = _student_episode(tiny, "evolve")
+    env = ep.env
+
+    def edit(code):
+        return json.dumps(
+            {
+                "kind": "injection",
+                "step": 0,
+                "action": {"name": "evolve", "arguments": {"code": code}},
+                "rationale": "My memory holds nothing I need yet, so I will keep it as it is now.",
+            }
+        )
+
+    queue = [edit("throw new Error('broken edit');"), edit("return state;")]
+    prompts = []
+
+    def reply(session, prompt):
+        prompts.append(prompt)
+        return queue.pop(0)
+
+    teacher = LLMTeacher(ScriptedEngine(tiny.tokenizer, reply), tiny.tokenizer, max_attempts=3)
+
+    def state_at(step):
+        return state_before(
+            env,
+            task,
+            ep.traj,
+            step,
+            tiny.tokenizer,
+            agent=AgentConfig(),
+            sampling=SamplingConfig(max_new_tokens=16),
+        )
+
+    a = teacher.assess(task, ep.traj, ep.budget, ep.tools, state_at)
+    assert a.valid and a.attempts == 2 and a.action["arguments"]["code"] == "return state;"
+    assert "evolve code fails" in prompts[1] and "broken edit" in prompts[1]
 
 
 def test_llm_teacher_with_a_real_model_fails_cleanly(tiny):
@@ -205,7 +247,6 @@ def test_teacher_topk_logprobs_on_the_compacted_view(tiny, tiny_model_dir, tmp_p
 def test_demonstrations_are_whole_teacher_episodes(tokenizer):
     """Under a budget where ReAct overflows, the oracle's demonstrations with manage_context
     succeed; every policy turn is the teacher's, so every sample target is a teacher token."""
-    from acmrl.config import AgentConfig, SamplingConfig
     from acmrl.teacher.demonstrate import demonstrate
     from acmrl.train.samples import ENV, TEACHER, trajectory_samples
 

@@ -226,3 +226,108 @@ def test_evolve_injection_keeps_the_facts(env, tiny):
     assert event.tokens_after == len(traj.steps[a.step + 1].call.prompt_ids)
     assert traj.score == 1.0
     assert task.metadata["key_fact"] in str(traj.final_state)  # the birth year survived the edit
+
+
+def test_leaks_are_caught_in_any_surface_form(env, tiny):
+    """Issue 15, item 3: hyphenated, re-punctuated, re-cased and partial forms of the answer."""
+    task = env.tasks("eval")[0]
+    ep = run(env, task, "acm", [*calls(env.oracle_plan(task)[:2]), "I give up."], tiny)
+    step = 2
+    search = {"name": "search", "arguments": {"query": "x"}}
+    words = task.answer.split()
+    assert len(words) >= 2
+    planted = {
+        "hyphenated": "-".join(words),
+        "re-punctuated": ". ".join(words),
+        "upper case, quoted": f"'{task.answer.upper()}'",
+        "partial": " ".join(words[:2]),
+        "partial, hyphenated": "-".join(words[-2:]).lower(),
+    }
+    for kind, form in planted.items():
+        a = Assessment(
+            "correction", step, search, f"I suspect the {form} matters, so I will search for it."
+        )
+        assert any("leaks the reference answer" in e for e in check(env, ep, a)), kind
+    # one word of a multi-word answer alone is no leak (event kinds and adjectives recur)
+    one = Assessment(
+        "correction", step, search, f"I still need the {words[-1].lower()}, so I search on."
+    )
+    assert not any("leaks" in e for e in check(env, ep, one))
+
+
+@pytest.mark.parametrize(
+    "rationale",
+    [
+        "The reviewer pointed out that I should search for the town before answering.",
+        "Following the guidance I got, I will search for the next link in the chain.",
+        "I was told to search for the town first, so I will do that now.",
+        "Someone told me the town matters, so I will search for it now.",
+        "A hint says I should search for the next link in the chain now.",
+        "The expert would search for the town here, so I will do the same.",
+    ],
+)
+def test_meta_talk_is_caught(env, tiny, rationale):
+    task = env.tasks("eval")[0]
+    ep = run(env, task, "acm", [*calls(env.oracle_plan(task)[:2]), "I give up."], tiny)
+    a = Assessment("correction", 2, {"name": "search", "arguments": {"query": "x"}}, rationale)
+    assert any("mentions" in e for e in check(env, ep, a)), check(env, ep, a)
+
+
+@pytest.mark.parametrize(
+    ("rationale", "ok"),
+    [
+        ("The agent has not found the town. It should search for the next link. I search.", False),
+        ("You should search for the town now, because the chain is not finished yet.", False),
+        (
+            "The first document names the town. The search comes next. The answer waits. "
+            "Then I answer.",
+            False,
+        ),
+        ("The first document names the next link. I will search for it now.", True),
+        ("My chain is not finished, so I will search for the next link now.", True),
+    ],
+)
+def test_rationale_person_is_checked_per_sentence(env, tiny, rationale, ok):
+    task = env.tasks("eval")[0]
+    ep = run(env, task, "acm", [*calls(env.oracle_plan(task)[:2]), "I give up."], tiny)
+    a = Assessment("correction", 2, {"name": "search", "arguments": {"query": "x"}}, rationale)
+    errors = check(env, ep, a)
+    assert (not any("first person" in e for e in errors)) == ok, errors
+
+
+def test_teacher_evolve_code_runs_in_the_sandbox_on_the_students_state(env, tiny):
+    from acmrl.teacher.splice import state_before
+
+    task = env.tasks("eval")[0]
+    plan = env.oracle_plan(task)
+    agent = AgentConfig(max_context_tokens=2300)
+    sampling = SamplingConfig(max_new_tokens=64)
+    ep = run(env, task, "evolve", calls(plan), tiny, max_context_tokens=2300)
+    a = OracleTeacher(env, pressure=0.6).assess(task, ep.traj, 2300)
+    assert a.action["name"] == "evolve"
+    state = state_before(env, task, ep.traj, a.step, tiny.tokenizer, agent=agent, sampling=sampling)
+    # the replayed State is the student's: the task, then its calls and their results
+    assert state[0]["content"][0]["text"] == task.prompt
+    assert sum(i["type"] == "function_call" for i in state) == a.step
+
+    def valid(code):
+        bad = Assessment(
+            a.kind, a.step, {"name": "evolve", "arguments": {"code": code}}, a.rationale
+        )
+        return validate(
+            bad,
+            seen=seen_text(ep.traj, a.step),
+            reference=task.answer,
+            tools=ep.tools,
+            state=state,
+        )
+
+    assert valid(a.action["arguments"]["code"]) == []  # the oracle's own edit runs
+    for code, why in [
+        ("return state.slice(0, -1);", "must stay the last item"),
+        ("state[1].name = 42; return state;", "invalid"),
+        ("throw new Error('oops');", "oops"),
+        ("while (true) {}", "time limit"),
+    ]:
+        errors = valid(code)
+        assert any("evolve code fails" in e and why in e for e in errors), (code, errors)

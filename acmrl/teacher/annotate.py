@@ -28,7 +28,7 @@ from acmrl.teacher.dataset import build_dataset
 from acmrl.teacher.demonstrate import demonstrate
 from acmrl.teacher.llm import LLMTeacher
 from acmrl.teacher.oracle import OracleTeacher
-from acmrl.teacher.splice import run_spliced, splice_episodes
+from acmrl.teacher.splice import run_spliced, splice_episodes, state_before
 from acmrl.teacher.topk import add_teacher_topk
 from acmrl.train.samples import SampleWeights, trajectory_samples
 
@@ -65,18 +65,27 @@ def make_teacher(cfg: AnnotateConfig, env: Environment, student: Engine) -> Any:
     )
 
 
-def _assess(teacher: Any, env: Environment, task: Task, ep: Episode) -> Assessment:
+def _assess(
+    teacher: Any, env: Environment, task: Task, ep: Episode, cfg: AnnotateConfig
+) -> Assessment:
+    def state_at(step: int) -> list[dict[str, Any]]:
+        return state_before(
+            env, task, ep.traj, step, ep.renderer.tokenizer, agent=cfg.agent, sampling=cfg.sampling
+        )
+
     if isinstance(teacher, LLMTeacher):
-        a = teacher.assess(task, ep.traj, ep.budget, ep.tools)
+        a = teacher.assess(task, ep.traj, ep.budget, ep.tools, state_at)
     else:
         a = teacher.assess(task, ep.traj, ep.budget)
         if a.kind != "no_action":
+            evolve = isinstance(a.action, dict) and a.action.get("name") == "evolve"
             a.errors = validate(
                 a,
                 seen=seen_text(ep.traj, a.step),
                 reference=task.answer,
                 tools=ep.tools,
                 known_names=known_names(env),
+                state=state_at(a.step) if evolve else None,
             )
             a.valid = not a.errors
     return a
@@ -122,7 +131,7 @@ def annotate_tasks(
             "resumed": [],
         }
         for ep in episodes.get(task.id, []):
-            a = _assess(teacher, env, task, ep)
+            a = _assess(teacher, env, task, ep, cfg)
             record["trajectories"].append(ep.traj.to_dict())
             record["assessments"].append(a.to_dict() | {"source": ep.traj.episode_id})
             if a.valid and a.kind != "no_action":

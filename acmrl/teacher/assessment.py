@@ -11,9 +11,12 @@ A teacher reads a trajectory against the reference answer and returns one :class
 
 The rationale is written as the student's own thinking and must be grounded in what the student
 had seen before that step (seed 000, "dual constraints"). :func:`validate` rejects a rationale that
-leaks the reference answer, cites material the student had not seen, mentions a teacher, coach or
-feedback, or is too short or too long, and an action the arm does not have or whose arguments do
-not fit its schema.
+leaks the reference answer in any surface form (case, punctuation and hyphens do not matter, and a
+run of two or more of a multi-word answer's words counts), cites material the student had not
+seen, mentions a teacher, reviewer, guidance or being told, is not the agent's own first-person
+thinking sentence by sentence, or is too short or too long; and an action the arm does not have,
+whose arguments do not fit its schema, or (``evolve``) whose code fails when it runs in the
+sandbox on the State the student had at that step.
 """
 
 from __future__ import annotations
@@ -30,10 +33,21 @@ CONTEXT_ACTIONS = ("manage_context", "query_memory", "evolve")
 
 MIN_WORDS, MAX_WORDS = 8, 120
 _META = re.compile(
-    r"\b(teacher|coach|coaching|feedback|tutor|instructor|grader|supervis\w*|annotat\w*|"
-    r"reference answer|ground truth|the correct answer|oracle)\b",
+    r"\b(teachers?|coach\w*|feedback|tutors?|instructors?|instructed|grader|grading|supervis\w*|"
+    r"annotat\w*|reviewers?|reviewed|guidance|hints?|hinted|evaluators?|judges?|examiners?|"
+    r"assessors?|critique|reference answers?|reference solution|ground truth|answer key|"
+    r"the correct answer|the right answer|oracle|expert|demonstrat\w*|(was|been|were|am|got) told|"
+    r"told (me|us)|(was|been|were) (advised|shown|corrected)|corrected me|pointed out to me)\b",
     re.I,
 )
+# the agent spoken of in the third person, or spoken to
+_THIRD = re.compile(
+    r"\b(the|this) (agent|student|model|assistant|policy|learner)\b|\byou(r|rs|'ll|'re|'ve)?\b",
+    re.I,
+)
+_FIRST = re.compile(r"\b(I|I'm|I've|I'll|I'd|my|me|mine|myself)\b")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+_WORD = re.compile(r"[^\W_]+")
 _QUOTED = re.compile(r"[\"“']([^\"“”']{3,80})[\"”']")
 _DOC_ID = re.compile(r"\b[A-Za-z]+-\d{2,}\b")
 
@@ -74,8 +88,10 @@ def validate(
     reference: str | list[str],
     tools: list[dict[str, Any]],
     known_names: set[str] | None = None,
+    state: list[dict[str, Any]] | None = None,
 ) -> list[str]:
-    """The reasons ``a`` is invalid (empty when it is valid)."""
+    """The reasons ``a`` is invalid (empty when it is valid). ``state`` is the State the student
+    had at the edit: an ``evolve`` action's code is then run on it in the sandbox."""
     if a.kind not in KINDS:
         return [f"kind must be one of {', '.join(KINDS)}, got {a.kind!r}"]
     if a.kind == "no_action":
@@ -89,22 +105,87 @@ def validate(
         errors.append(
             f"the rationale mentions {meta.group(0)!r}; write it as the agent's own thinking"
         )
-    if not re.search(r"\b(I|I'm|I've|I'll|my|me)\b", a.rationale):
-        errors.append("the rationale must be in the first person")
+    errors += _person(a.rationale)
     seen_norm = f" {normalize_answer(seen)} "
     refs = [reference] if isinstance(reference, str) else reference
-    for ref in refs:
-        r = normalize_answer(ref)
-        if r and f" {r} " in f" {normalize_answer(a.rationale)} " and f" {r} " not in seen_norm:
-            errors.append("the rationale leaks the reference answer, which the agent has not seen")
-            break
+    leaked = leaks(a.rationale, refs, seen)
+    if leaked:
+        errors.append(
+            f"the rationale leaks the reference answer ({leaked!r}), which the agent has not seen"
+        )
     unseen = _unseen(a.rationale, seen, seen_norm, known_names or set())
     if unseen:
         errors.append(
             f"the rationale cites material the agent has not seen: {', '.join(sorted(unseen))}"
         )
     errors += _check_action(a, tools)
+    if not errors and state is not None and (a.action or {}).get("name") == "evolve":
+        errors += _check_evolve(a.action["arguments"].get("code", ""), state)
     return errors
+
+
+def _tokens(text: str) -> list[str]:
+    """Case-folded words with every punctuation mark (hyphens, dots, quotes) as a separator."""
+    return _WORD.findall(text.casefold())
+
+
+def leaks(rationale: str, references: list[str], seen: str) -> str | None:
+    """The part of a reference answer the rationale gives away, if any: the whole answer, or for a
+    multi-word answer any run of two or more of its words, in any case or punctuation, that the
+    agent had not seen in that order. None when nothing leaks.
+
+    >>> leaks("Maybe it is the velvet-lantern one.", ["Velvet Lantern Festival"], "")
+    'velvet lantern'
+    >>> leaks("I read about the Velvet Lantern Festival.", ["Velvet Lantern Festival"],
+    ...       "The Velvet Lantern Festival was held in 1901.") is None
+    True
+    """
+    said = f" {' '.join(_tokens(rationale))} "
+    known = f" {' '.join(_tokens(seen))} "
+    for ref in references:
+        words = _tokens(ref)
+        if not words:
+            continue
+        shortest = 1 if len(words) == 1 else 2
+        for n in range(len(words), shortest - 1, -1):
+            for i in range(len(words) - n + 1):
+                gram = f" {' '.join(words[i : i + n])} "
+                if gram in said and gram not in known:
+                    return gram.strip()
+    return None
+
+
+def _person(rationale: str) -> list[str]:
+    """The rationale is the agent's own thinking: first person; no sentence speaks of the agent in
+    the third person or to it; and at least a third of its sentences say "I", "my" or "me" (one
+    stray "I" does not make a third-person rationale first person)."""
+    if not _FIRST.search(rationale):
+        return ["the rationale must be in the first person"]
+    sentences = [s for s in _SENTENCE.split(rationale.strip()) if len(s.split()) >= 3]
+    third = [s for s in sentences if _THIRD.search(s)]
+    if third:
+        return [
+            f"the rationale must be in the first person; this sentence is not: {third[0][:80]!r}"
+        ]
+    first = sum(1 for s in sentences if _FIRST.search(s))
+    if sentences and 3 * first < len(sentences):
+        return [
+            f"the rationale must be in the first person; only {first} of its "
+            f"{len(sentences)} sentences are"
+        ]
+    return []
+
+
+def _check_evolve(code: Any, state: list[dict[str, Any]]) -> list[str]:
+    """Run the teacher's evolve code in the sandbox on the student's State at the edit."""
+    from acmrl.context.evolve import apply_evolve, evolve_call
+
+    if not isinstance(code, str):
+        return ["the evolve code must be a string"]
+    result = apply_evolve([*state, evolve_call("teacher-check", code)])
+    if not result.applied:
+        return [f"the evolve code fails on the agent's State: {result.error}"]
+    return []
 
 
 def _unseen(rationale: str, seen: str, seen_norm: str, known: set[str]) -> set[str]:

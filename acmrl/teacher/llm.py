@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from acmrl.engines.base import Engine, Request
@@ -126,8 +127,16 @@ class LLMTeacher:
         )
 
     def assess(
-        self, task: Task, traj: Trajectory, budget: int, tools: list[dict[str, Any]]
+        self,
+        task: Task,
+        traj: Trajectory,
+        budget: int,
+        tools: list[dict[str, Any]],
+        state_at: Callable[[int], list[dict[str, Any]]] | None = None,
     ) -> Assessment:
+        """One validated assessment of ``traj`` (retried with the errors up to ``max_attempts``);
+        ``state_at(step)`` gives the student's State at a step, on which an ``evolve`` edit's
+        code is run during validation."""
         tool_list = ", ".join(t["function"]["name"] for t in tools)
         ref = task.answer if isinstance(task.answer, str) else " | ".join(task.answer)
         prompt = TEACHER_PROMPT.format(
@@ -145,7 +154,7 @@ class LLMTeacher:
             )
             reply = self.engine.generate([req])[0].text
             self.engine.release(req.session_id)
-            a, errors = self._check(reply, task, traj, tools)
+            a, errors = self._check(reply, task, traj, tools, state_at)
             if not errors:
                 a.attempts = attempt
                 return a
@@ -158,7 +167,12 @@ class LLMTeacher:
         )
 
     def _check(
-        self, reply: str, task: Task, traj: Trajectory, tools: list[dict[str, Any]]
+        self,
+        reply: str,
+        task: Task,
+        traj: Trajectory,
+        tools: list[dict[str, Any]],
+        state_at: Callable[[int], list[dict[str, Any]]] | None = None,
     ) -> tuple[Assessment, list[str]]:
         try:
             obj = parse_json_object(reply)
@@ -183,6 +197,12 @@ class LLMTeacher:
             self.name,
         )
         seen = seen_text(traj, a.step) if kind != "no_action" else ""
+        evolve = isinstance(a.action, dict) and a.action.get("name") == "evolve"
         return a, validate(
-            a, seen=seen, reference=task.answer, tools=tools, known_names=self.known_names
+            a,
+            seen=seen,
+            reference=task.answer,
+            tools=tools,
+            known_names=self.known_names,
+            state=state_at(a.step) if evolve and state_at is not None else None,
         )

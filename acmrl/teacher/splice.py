@@ -11,6 +11,7 @@ copied from the source trajectory), the edited step is ``teacher``, later steps 
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from acmrl.config import AgentConfig, SamplingConfig
@@ -74,6 +75,38 @@ def _scripts(
             ids = h.completion_ids[:-1] if h.finish_reason == "stop" else h.completion_ids
             helpers.setdefault(f"{episode_id}/{h.role}", []).append(tokenizer.decode(ids))
     return {episode_id: [*policy, teacher_turn(edit)], **helpers}
+
+
+def state_before(
+    env: Environment,
+    task: Task,
+    source: Trajectory,
+    step: int,
+    tokenizer: Any,
+    *,
+    agent: AgentConfig,
+    sampling: SamplingConfig,
+) -> list[dict[str, Any]]:
+    """The State the student had at policy step ``step`` of ``source``: its turns before that
+    step (and the helper replies they triggered) replayed through the real environment and
+    context tools, as a resume does, stopped when the step's turn is asked for."""
+    probe = Assessment("correction", step, {"name": "answer", "arguments": {"text": ""}})
+    eid = f"{source.episode_id}#state{step}"
+    scripts = _scripts(source, probe, eid, tokenizer)
+    scripts[eid] = scripts[eid][:-1]  # the student's turns only
+    ep = Episode(eid, env, task, source.arm, tokenizer, agent=agent, sampling=sampling)
+    captured: list[list[dict[str, Any]]] = []
+
+    def stop(session_id: str, prompt: str) -> str:
+        if not captured:
+            captured.append(copy.deepcopy(ep.state))
+        return format_tool_call("answer", {"text": ""})
+
+    engine = SpliceEngine(ScriptedEngine(tokenizer, stop), tokenizer, scripts)
+    run_episodes([ep], engine, concurrency=1)
+    if not captured:
+        raise ValueError(f"{source.episode_id} ended before policy step {step}")
+    return captured[0]
 
 
 def splice_episodes(
