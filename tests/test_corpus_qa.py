@@ -125,3 +125,86 @@ def test_json_list_and_parquet_inputs(tmp_path):
     env = load("corpus_qa", queries=tmp_path / "qa.json", corpus=tmp_path / "corpus.parquet")
     assert len(all_tasks(env)) == 5 and len(env.documents) == 6
     assert all(play(env, t)[0] == 1.0 for t in all_tasks(env))
+
+
+def _fanout(tmp_path, rows):
+    corpus = tmp_path / "corpus.jsonl"
+    docs = [
+        ("d1", "Lighthouses", "The Harwick lighthouse was designed by Mara Quell in 1871."),
+        ("d2", "Bridges", "The Oldport bridge was designed by Tomas Brecht in 1902."),
+        ("d3", "Towers", "The Vell clock tower was designed by Ines Roan in 1888."),
+        ("d4", "Halls", "The Greymoor market hall was designed by Piet Aldous in 1911."),
+        ("d5", "Misc", "Nothing about designers here at all."),
+    ]
+    corpus.write_text("\n".join(json.dumps({"id": i, "title": t, "text": x}) for i, t, x in docs))
+    queries = tmp_path / "q.jsonl"
+    queries.write_text("\n".join(json.dumps(r) for r in rows))
+    return {"queries": queries, "corpus": corpus, "eval_frac": 0.0}
+
+
+FOUR = {
+    "id": "fan1",
+    "question": "Who designed the Harwick lighthouse, the Oldport bridge, the Vell clock tower "
+    "and the Greymoor market hall?",
+    "answers": ["Mara Quell", ["Tomas Brecht", "T. Brecht"], "Ines Roan", "Piet Aldous"],
+    "answer_set": True,
+    "aliases": {"Mara Quell": ["M. Quell"]},
+}
+
+
+def test_answer_sets_need_every_part(tmp_path):
+    """Issue 15, item 4: a four-part question with one right part is not a success."""
+    env = load("corpus_qa", **_fanout(tmp_path, [FOUR]))
+    (task,) = env.tasks("train")
+    assert task.answer == ["Mara Quell", "Tomas Brecht", "Ines Roan", "Piet Aldous"]
+    assert task.metadata["answer_set"] is True
+    assert task.metadata["aliases"] == {"Mara Quell": ["M. Quell"], "Tomas Brecht": ["T. Brecht"]}
+    one = env.score(task, "Mara Quell")
+    assert one == pytest.approx(0.4)  # set F1: precision 1, recall 1/4 (documented partial credit)
+    assert one < 1.0  # not a success
+    assert env.score(task, "Ines Roan, Oldport") == pytest.approx(1 / 3)  # a wrong part costs
+    assert env.score(task, "Mara Quell, Tomas Brecht, Ines Roan and Piet Aldous") == 1.0
+    assert env.score(task, "M. Quell; T. Brecht; Ines Roan; Piet Aldous") == 1.0  # aliases
+    assert env.score(task, "Mara Quell, M. Quell, Ines Roan, Piet Aldous") < 1.0  # one item twice
+    # the oracle finds one evidence document per part and answers with all of them
+    assert sorted(task.metadata["gold_docs"]) == ["d1", "d2", "d3", "d4"]
+    assert play(env, task)[0] == 1.0
+
+
+def test_single_answers_take_aliases_and_lists_stay_alternatives(tmp_path):
+    rows = [
+        {
+            "id": "a",
+            "question": "Who designed the Harwick lighthouse?",
+            "answer": "Mara Quell",
+            "aliases": ["M. Quell"],
+        },
+        {
+            "id": "b",
+            "question": "Who designed the Oldport bridge?",
+            "answer": ["Tomas Brecht", "T. Brecht"],
+        },
+    ]
+    env = load("corpus_qa", **_fanout(tmp_path, rows))
+    a, b = sorted(env.tasks("train"), key=lambda t: t.id)
+    assert env.score(a, "M. Quell") == 1.0 and env.score(a, "Ines Roan") == 0.0
+    assert env.score(b, "T. Brecht") == 1.0  # a plain list is still "any one of"
+    assert "answer_set" not in b.metadata
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({"answer": "x", "answer_set": True}, "non-empty list"),
+        ({"answer": ["x"], "answer_set": "yes"}, "true or false"),
+        ({"answer": ["x", "y"], "answer_set": True, "aliases": {"z": ["w"]}}, "not one of"),
+        ({"answer": ["x", "y"], "answer_set": True, "aliases": [["a"]]}, "aliases must be"),
+        ({"answer": ["x", []], "answer_set": True}, "non-empty list of strings"),
+        ({"answer": {"x": 1}}, "must be a string"),
+    ],
+)
+def test_bad_answer_fields_are_named(tmp_path, row, message):
+    rows = [{"id": "bad", "question": "Who designed it?", **row}]
+    with pytest.raises(EnvError, match=message) as err:
+        load("corpus_qa", **_fanout(tmp_path, rows))
+    assert "q.jsonl:1" in str(err.value)

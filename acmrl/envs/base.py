@@ -40,7 +40,8 @@ class ToolError(Exception):
 @dataclass(frozen=True)
 class Task:
     """One task. ``answer`` is a string or a list of accepted alternatives; when
-    ``metadata["answer_set"]`` is true the list is a set of items that must all be given."""
+    ``metadata["answer_set"]`` is true the list is a set of items that must all be given.
+    ``metadata["aliases"]`` may map an answer (or a set item) to its other accepted forms."""
 
     id: str
     prompt: str
@@ -153,4 +154,5 @@ class Environment:
             task.answer,
             metric=self.metric,
             answer_set=bool(task.metadata.get("answer_set")),
+            aliases=task.metadata.get("aliases"),
         )

@@ -9,6 +9,16 @@ Two input shapes, detected per file (or forced with ``format=``):
   answers) over a corpus of ``{"id" or "docid", "text", "title"?, "url"?}``. Without evidence
   ids, the documents that contain the answer are taken as evidence for the oracle.
 
+Answers of either shape may carry **aliases** and form **answer sets**:
+
+- ``"aliases": ["NYC", ...]``: other accepted forms of a single answer (any one is correct);
+- ``"answer_set": true`` with a list in ``answer`` (or ``answers``): every item is required, as
+  multi-part (FanOutQA-style) questions need. The score is the set F1 of the items the answer lists
+  (split on commas, semicolons, new lines and "and"), so one right part of four scores 0.4 and
+  only all four score 1 (success). An item may itself be a list, ``["New York", "NYC"]``: its
+  first form and its aliases; or ``aliases`` maps items to their forms
+  (``{"New York": ["NYC"]}``) or lists them per item (``[["NYC"], []]``).
+
 Files may be JSONL, a JSON list, or Parquet. A row with a missing field is an error that names the
 file, the line and the field; documents the queries cite but the corpus lacks are counted in
 ``env.report``. Tools: ``search`` (BM25), ``open`` (the full document) and ``answer``.
@@ -67,11 +77,71 @@ def read_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
 
 def _require(path: Path, n: int, row: dict[str, Any], names: tuple[str, ...], what: str) -> None:
     missing = [k for k in names if row.get(k) in (None, "")]
+    if "answer" in missing and row.get("answers") not in (None, "", []):
+        missing.remove("answer")  # a set's items may come as "answers"
     if missing:
         raise EnvError(
             f"{path}:{n}: missing field(s) {missing}; {what} needs {', '.join(names)} "
             f"(the row has {sorted(row)})"
         )
+
+
+def _answers(
+    path: Path, n: int, row: dict[str, Any]
+) -> tuple[str | list[str], bool, dict[str, list[str]]]:
+    """A row's answer, whether it is a set of required items, and the aliases of its answers."""
+    where = f"{path}:{n}"
+    value = row["answer"] if row.get("answer") not in (None, "") else row.get("answers")
+    answer_set = row.get("answer_set", False)
+    if not isinstance(answer_set, bool):
+        raise EnvError(f"{where}: answer_set must be true or false, got {answer_set!r}")
+    aliases: dict[str, list[str]] = {}
+
+    def forms(item: Any, what: str) -> str:
+        if isinstance(item, list):  # ["New York", "NYC"]: the first form and its aliases
+            if not item or not all(isinstance(f, str | int | float) for f in item):
+                raise EnvError(f"{where}: {what} must be a string or a non-empty list of strings")
+            first = str(item[0])
+            aliases.setdefault(first, []).extend(str(f) for f in item[1:])
+            return first
+        if not isinstance(item, str | int | float) or isinstance(item, bool):
+            raise EnvError(f"{where}: {what} must be a string, got {type(item).__name__}")
+        return str(item)
+
+    if answer_set:
+        if not isinstance(value, list) or not value:
+            raise EnvError(f"{where}: answer_set needs a non-empty list of items in 'answer'")
+        answer: str | list[str] = [forms(item, "each answer item") for item in value]
+    elif isinstance(value, list):
+        answer = [forms(item, "each accepted answer") for item in value]
+    else:
+        answer = forms(value, "answer")
+    extra = row.get("aliases")
+    items = [answer] if isinstance(answer, str) else answer
+    if extra is None:
+        pass
+    elif isinstance(extra, dict):
+        for key, alts in extra.items():
+            if key not in items:
+                raise EnvError(f"{where}: aliases names {key!r}, which is not one of the answers")
+            if not isinstance(alts, list) or not all(isinstance(a, str) for a in alts):
+                raise EnvError(f"{where}: the aliases of {key!r} must be a list of strings")
+            aliases.setdefault(key, []).extend(alts)
+    elif isinstance(extra, list) and all(isinstance(a, str) for a in extra) and len(items) == 1:
+        aliases.setdefault(items[0], []).extend(extra)
+    elif (
+        isinstance(extra, list)
+        and len(extra) == len(items)
+        and all(isinstance(alts, list) and all(isinstance(a, str) for a in alts) for alts in extra)
+    ):
+        for item, alts in zip(items, extra, strict=True):
+            aliases.setdefault(item, []).extend(alts)
+    else:
+        raise EnvError(
+            f"{where}: aliases must be a list of strings (one answer), a list of lists (one per "
+            f"answer item) or an object mapping answers to lists of strings"
+        )
+    return answer, answer_set, {k: v for k, v in aliases.items() if v}
 
 
 def _doc_ids(value: Any) -> list[str]:
@@ -153,15 +223,14 @@ class CorpusQA(Environment):
         qid, question = (
             (row["query_id"], row["query"]) if fmt == "browsecomp" else (row["id"], row["question"])
         )
-        answer = row["answer"]
-        answer = [str(a) for a in answer] if isinstance(answer, list) else str(answer)
+        answer, answer_set, aliases = _answers(path, n, row)
         cited = _doc_ids(row.get("gold_docs")) or _doc_ids(row.get("evidence_docs"))
         present = [d for d in cited if d in self.index.by_id]
         self.report["queries"] += 1
         self.report["missing_gold_docs"] += len(cited) - len(present)
         derived = not cited
         if derived:
-            present = self._docs_with_answer(str(question), answer)
+            present = self._docs_with_answer(str(question), answer, answer_set, aliases)
         if not present:
             self.report["without_evidence"] += 1
         return Task(
@@ -174,18 +243,33 @@ class CorpusQA(Environment):
                 "question": str(question),
                 "gold_docs": present,
                 "gold_derived": derived,
+                **({"answer_set": True} if answer_set else {}),
+                **({"aliases": aliases} if aliases else {}),
             },
         )
 
-    def _docs_with_answer(self, question: str, answer: str | list[str]) -> list[str]:
-        """Evidence for a query that cites none: the best-ranked hits that contain the answer."""
+    def _docs_with_answer(
+        self,
+        question: str,
+        answer: str | list[str],
+        answer_set: bool = False,
+        aliases: dict[str, list[str]] | None = None,
+    ) -> list[str]:
+        """Evidence for a query that cites none: the best-ranked hit that contains the answer (in
+        any accepted form); for an answer set, one such hit per item."""
         answers = [answer] if isinstance(answer, str) else answer
-        wanted = [f" {normalize_answer(a)} " for a in answers if normalize_answer(a)]
+        groups = [[a, *(aliases or {}).get(a, [])] for a in answers]
+        if not answer_set:
+            groups = [[form for group in groups for form in group]]
         hits = self.index.search(question, k=50)
-        for doc, _ in hits:
-            if any(w in f" {normalize_answer(doc.text)} " for w in wanted):
-                return [doc.id]
-        return []
+        texts = [(doc.id, f" {normalize_answer(doc.text)} ") for doc, _ in hits]
+        found: list[str] = []
+        for group in groups:
+            wanted = [f" {normalize_answer(a)} " for a in group if normalize_answer(a)]
+            doc_id = next((d for d, text in texts if any(w in text for w in wanted)), None)
+            if doc_id is not None and doc_id not in found:
+                found.append(doc_id)
+        return found
 
     def tools(self) -> list[dict[str, Any]]:
         return self.index.tools("the document corpus")
@@ -196,5 +280,10 @@ class CorpusQA(Environment):
     def oracle_plan(self, task: Task) -> Plan:
         plan: Plan = [("search", {"query": task.metadata["question"]})]
         plan += [("open", {"doc_id": d}) for d in task.metadata["gold_docs"]]
-        answer = task.answer if isinstance(task.answer, str) else task.answer[0]
+        if isinstance(task.answer, str):
+            answer = task.answer
+        elif task.metadata.get("answer_set"):
+            answer = ", ".join(task.answer)
+        else:
+            answer = task.answer[0]
         return [*plan, ("answer", {"text": answer})]

@@ -12,7 +12,7 @@ import json
 import re
 import string
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 METRICS = ("em", "f1", "contains")
 
@@ -90,17 +90,30 @@ def split_items(prediction: str) -> list[str]:
     return [item for item in _ITEM_SPLIT.split(prediction.strip()) if item.strip()]
 
 
-def set_f1(prediction: str, items: Sequence[str]) -> float:
-    """F1 between the set of items the prediction lists and the reference items (exact match each).
+def set_f1(
+    prediction: str, items: Sequence[str], aliases: Mapping[str, Sequence[str]] | None = None
+) -> float:
+    """F1 between the set of items the prediction lists and the reference items (exact match
+    each, after normalisation). ``aliases`` maps an item to its other accepted forms; a listed
+    item matches at most one reference item and each reference item counts once.
 
     >>> set_f1("Beta, alpha", ["Alpha", "Beta", "Gamma"])
     0.8
+    >>> set_f1("NYC and Boston", ["New York", "Boston"], {"New York": ["NYC"]})
+    1.0
     """
     predicted = {normalize_answer(i) for i in split_items(prediction)} - {""}
-    gold = {normalize_answer(i) for i in items} - {""}
+    aliases = aliases or {}
+    gold = [{normalize_answer(f) for f in (item, *aliases.get(item, ()))} - {""} for item in items]
+    gold = [forms for forms in gold if forms]
     if not predicted or not gold:
-        return float(predicted == gold)
-    hits = len(predicted & gold)
+        return float(not predicted and not gold)
+    hits, used = 0, set()
+    for forms in gold:
+        match = next((p for p in sorted(predicted - used) if p in forms), None)
+        if match is not None:
+            hits += 1
+            used.add(match)
     if hits == 0:
         return 0.0
     precision, recall = hits / len(predicted), hits / len(gold)
@@ -113,17 +126,20 @@ def score_answer(
     *,
     metric: str = "em",
     answer_set: bool = False,
+    aliases: Mapping[str, Sequence[str]] | None = None,
 ) -> float:
-    """Score one prediction against a reference (a string, alternatives, or a set of items)."""
+    """Score one prediction against a reference (a string, alternatives, or a set of items).
+    ``aliases`` maps a reference (an alternative or a set item) to its other accepted forms."""
     if metric not in _METRIC_FNS:
         raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
     if prediction is None:
         return 0.0
     refs = [reference] if isinstance(reference, str) else list(reference)
     if answer_set:
-        return set_f1(prediction, refs)
+        return set_f1(prediction, refs, aliases)
     fn = _METRIC_FNS[metric]
-    return max((fn(prediction, ref) for ref in refs), default=0.0)
+    forms = [form for ref in refs for form in (ref, *(aliases or {}).get(ref, ()))]
+    return max((fn(prediction, form) for form in forms), default=0.0)
 
 
 class JudgeError(RuntimeError):
