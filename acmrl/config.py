@@ -347,6 +347,20 @@ class AgentConfig:
         "every arm: an environment call identical to an earlier one of the episode is not run "
         "again; a short observation says so (reports state when this is on)",
     )
+    on_overflow: Literal["fail", "force_answer"] = option(
+        "fail",
+        "every arm, when the next input exceeds the budget: fail (the episode ends 'overflow'), "
+        "or force_answer (the oldest steps are dropped until the input fits and the model is "
+        "asked once for its final answer, as the ACM reference does); reports state the rule",
+    )
+    force_compaction: float | None = option(
+        None,
+        "acm: the harness compacts (manage_context, summarised by the summariser) when the input "
+        "reaches this share of the budget and steps were added since the last summary; the "
+        "reference uses 0.95; null: never",
+        min=0.05,
+        max=1.0,
+    )
 
 
 ARMS = ("react", "summary", "acm", "evolve")

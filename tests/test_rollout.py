@@ -248,3 +248,74 @@ def test_repeat_rule_answers_a_repeated_call_without_running_it(env, tiny):
             assert second.startswith("You already called search with these arguments on turn 1")
         else:
             assert second == traj.steps[0].observations[0]  # run again, same result
+
+
+def test_force_answer_asks_for_an_answer_from_the_truncated_context(env, tiny):
+    """Issue 15, item 5: on_overflow=force_answer drops the oldest steps until the input fits
+    and asks once for the final answer; fail keeps the old behaviour."""
+    task = env.tasks("eval")[0]
+    plan = env.oracle_plan(task)
+    opens = [step for step in plan if step[0] == "open"]
+    script = calls(plan[:-1]) + calls(opens * 4)  # keep reading until the budget is hit
+    final = format_tool_call("answer", {"text": task.answer})
+    budget = 1024
+
+    failed = play(
+        episode(env, task, "react", tiny.tokenizer, max_context_tokens=budget), script, tiny
+    )
+    assert failed.status == "overflow" and "forced_answer" not in failed.metrics
+
+    ep = episode(
+        env, task, "react", tiny.tokenizer, max_context_tokens=budget, on_overflow="force_answer"
+    )
+    traj = play(ep, [*script[: len(failed.steps)], final], tiny)
+    assert traj.status == "answered" and traj.score == 1.0 and traj.metrics["forced_answer"] == 1
+    last = traj.steps[-1].call
+    assert len(last.prompt_ids) <= budget  # the forced request fits
+    text = tiny.tokenizer.decode(last.prompt_ids)
+    assert "Give your final answer now" in text and task.prompt in text  # the task stays
+    assert len(last.prompt_ids) < len(traj.steps[-2].call.prompt_ids) + 400
+    validate(traj.final_state)  # no call lost its result or the other way round
+
+    # no answer when asked: the episode still ends 'overflow'
+    ep = episode(
+        env, task, "react", tiny.tokenizer, max_context_tokens=budget, on_overflow="force_answer"
+    )
+    search = format_tool_call("search", {"query": "more"})
+    traj = play(ep, [*script[: len(failed.steps)], search], tiny)
+    assert traj.status == "overflow" and traj.metrics["forced_answer"] == 1
+
+
+def test_force_compaction_keeps_acm_under_the_budget(env, tiny):
+    """acm with force_compaction: the harness compacts at the threshold, as manage_context."""
+    task = env.tasks("eval")[0]
+    plan = env.oracle_plan(task)
+    budget = 1400
+    plain = play(
+        episode(env, task, "acm", tiny.tokenizer, max_context_tokens=budget, summary_max_tokens=16),
+        calls(plan),
+        tiny,
+    )
+    ep = episode(
+        env,
+        task,
+        "acm",
+        tiny.tokenizer,
+        max_context_tokens=budget,
+        summary_max_tokens=16,
+        force_compaction=0.8,
+    )
+    traj = play(ep, calls(plan), tiny)
+    forced = [s for s in traj.steps if s.origin == "harness"]
+    assert forced and all(s.call is None for s in forced)
+    assert all(
+        e.kind == "manage_context" and e.detail.startswith("forced")
+        for s in forced
+        for e in s.events
+    )
+    assert traj.metrics["forced_compactions"] == len(forced) and traj.metrics["compactions"] >= 1
+    assert forced[0].events[0].compaction_cost > 0  # charged like any compaction
+    peak = max(len(s.call.prompt_ids) for s in traj.steps if s.call is not None)
+    assert peak <= budget
+    assert plain.metrics["peak_context_tokens"] > 0.8 * budget  # without it the input grew past
+    assert "S1" in tiny.tokenizer.decode(traj.steps[-1].call.prompt_ids)  # the summary in view

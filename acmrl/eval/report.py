@@ -126,7 +126,11 @@ def episode_row(t: Trajectory, budget: int) -> dict[str, Any]:
         "querier_tokens": sum(
             len(c.prompt_ids) + len(c.completion_ids) for c in helpers if c.role == "querier"
         ),
-        "overflow": float(t.status == "overflow"),
+        # the budget was hit: the episode failed there, or (on_overflow=force_answer) was asked
+        # for its answer there
+        "overflow": float(t.status == "overflow" or bool(m.get("forced_answer"))),
+        "forced_answer": float(bool(m.get("forced_answer"))),
+        "forced_compactions": float(m.get("forced_compactions", 0)),
         "wall_s": float(m.get("wall_s", 0.0)),
     }
 

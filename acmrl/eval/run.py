@@ -78,6 +78,8 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None) -> dict[str, Any]:
         "max_new_tokens": cfg.sampling.max_new_tokens,
         "machine": cfg.machine,
         "repeat_rule": cfg.agent.repeat_rule,
+        "on_overflow": cfg.agent.on_overflow,
+        "force_compaction": cfg.agent.force_compaction,
     }
     report = build_report(rows, meta)
     write_report(report, rows, out, plots=cfg.plots)
@@ -279,6 +281,25 @@ def detail_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def overflow_rule(meta: dict[str, Any]) -> str:
+    """The overflow rule of a report, in words (``agent.on_overflow``, ``force_compaction``)."""
+    if meta.get("on_overflow") == "force_answer":
+        text = (
+            "Overflow rule (`agent.on_overflow=force_answer`): an input over the budget drops its "
+            "oldest steps and the model is asked once for its final answer."
+        )
+    else:
+        text = (
+            "Overflow rule (`agent.on_overflow=fail`): an input over the budget ends the episode."
+        )
+    if meta.get("force_compaction"):
+        text += (
+            f" acm: the harness compacts at {meta['force_compaction']:.0%} of the budget "
+            "(`agent.force_compaction`)."
+        )
+    return text
+
+
 def report_markdown(report: dict[str, Any], figures: list[str]) -> str:
     m = report["meta"]
     any_arm = next(iter(report["arms"].values()))
@@ -294,7 +315,8 @@ def report_markdown(report: dict[str, Any], figures: list[str]) -> str:
             "not run again (`agent.repeat_rule`)."
             if m.get("repeat_rule")
             else ""
-        ),
+        )
+        + f" {overflow_rule(m)}",
         "",
         main_table(report),
         "",

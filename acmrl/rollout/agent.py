@@ -137,6 +137,9 @@ class Episode:
         t.final_state = self.state
         t.compute_metrics()
         t.metrics["budget"] = self.budget
+        t.metrics["forced_compactions"] = sum(
+            e.detail.startswith("forced") for s in t.steps for e in s.events
+        )
         if self.archive is not None:
             self.archive.close()
 
@@ -182,6 +185,17 @@ class Episode:
         ):
             self.phase = "summarise"
             return None
+        force = self.agent.force_compaction
+        if (
+            self.arm == "acm"
+            and force is not None
+            and len(ids) >= force * self.budget
+            and self._boundary() < len(self.state)
+        ):
+            self.phase = "force_compact"
+            return None
+        if len(ids) > self.budget and self.agent.on_overflow == "force_answer":
+            return self._force_answer(len(ids))
         self._settle(ids)
         if len(ids) > self.budget:
             self.finish("overflow", f"the input has {len(ids)} tokens; the budget is {self.budget}")
@@ -189,6 +203,82 @@ class Episode:
         return self._ask(
             "policy", ids, self.sampling.max_new_tokens, lambda c: self._after_policy(ids, c)
         )
+
+    # -- overflow rules ---------------------------------------------------------------------------
+
+    def _force_answer(self, size: int) -> Request | None:
+        """``agent.on_overflow: force_answer``: drop the oldest steps (each call with its result)
+        until the input and a request for the final answer fit the budget, then ask once."""
+        note = user(
+            f"Your context reached {size} tokens, over its budget of {self.budget}, so your "
+            "oldest steps were dropped. Give your final answer now with the answer tool."
+        )
+        state = list(self.state)
+        ids = self.renderer.ids([*state, note])
+        while len(ids) > self.budget and len(state) > 1:
+            item = state.pop(1)  # the task stays first
+            if item["type"] == "function_call":
+                state = [
+                    x
+                    for x in state
+                    if not (x["type"] == "function_call_output" and x["call_id"] == item["call_id"])
+                ]
+            ids = self.renderer.ids([*state, note])
+        if len(ids) > self.budget:
+            self._settle(ids)
+            self.finish("overflow", f"even the task alone is over the budget of {self.budget}")
+            return None
+        self.state = [*state, note]
+        self._settle(ids)
+        return self._ask(
+            "policy", ids, self.sampling.max_new_tokens, lambda c: self._after_forced(ids, c)
+        )
+
+    def _after_forced(self, ids: list[int], c: Completion) -> None:
+        """The reply to the forced-answer request: its answer call (or plain reply) is the
+        answer; anything else ends the episode 'overflow'."""
+        self.last_input = ids + c.completion_ids
+        parsed = parse_completion(c.text, self.tools)
+        step = Step(self.turn, self._record("policy", ids, c), c.text)
+        self.traj.steps.append(step)
+        step.errors = [e.observation() for e in parsed.errors]
+        answer = next((k for k in parsed.calls if k.name == ANSWER_TOOL), None)
+        if answer is not None:
+            step.actions.append({"name": answer.name, "arguments": answer.arguments})
+            self.session.call(ANSWER_TOOL, answer.arguments)
+        elif not parsed.calls and not step.errors and c.finish_reason == "stop" and c.text.strip():
+            self.session.call(ANSWER_TOOL, {"text": c.text.strip()})
+        if self.session.done:
+            self.finish("answered")
+        else:
+            self.finish("overflow", "over the budget, and no answer when asked for one")
+        self.traj.metrics["forced_answer"] = 1
+
+    def _on_force_compact(self) -> Request | None:
+        """``agent.force_compaction`` (acm): the harness compacts the steps since the last
+        summary, as ``manage_context`` would, and the turn goes on from the smaller input."""
+        start = self._boundary()
+        items = self.state[start:]
+        self.phase = "generate"  # resumes there once the summary is in
+
+        def done(summary: str, helper: ModelCall) -> None:
+            assert self.archive is not None
+            sid = self.archive.put(items, summary)
+            self.state = [*self.state[:start], prompts.summary_item(summary, sid)]
+            step = Step(self.turn, None, origin="harness")
+            step.helper_calls.append(helper)
+            step.events.append(
+                self._event(
+                    "manage_context",
+                    0,
+                    helper,
+                    summary_id=sid,
+                    detail=f"forced at {self.agent.force_compaction:.0%} of the budget",
+                )
+            )
+            self.traj.steps.append(step)
+
+        return self._summarise(items, done)
 
     def _after_policy(self, ids: list[int], c: Completion) -> None:
         call = self._record("policy", ids, c)
