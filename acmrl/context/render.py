@@ -312,17 +312,30 @@ def check_arguments(
     for key, value in args.items():
         if key in props and not _type_ok(value, props[key].get("type")):
             want = props[key].get("type")
-            return "bad-argument-type", f"{name}.{key} must be of type {want}, got {value!r}"
+            shown = repr(value)
+            shown = shown if len(shown) <= 80 else f"{shown[:60]}... ({len(shown)} characters)"
+            return "bad-argument-type", f"{name}.{key} must be of type {want}, got {shown}"
     return None
+
+
+def _loads(raw: str) -> Any:
+    """``json.loads`` whose every failure is a :class:`ValueError` with a short reason: bad JSON,
+    nesting deeper than the decoder's recursion limit, an integer past Python's digit limit."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{exc.msg} at char {exc.pos}") from None
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer literal of thousands of digits
+        raise ValueError(str(exc).split(";")[0][:120]) from None
 
 
 def _check_call(index: int, raw: str, schemas: dict[str, dict[str, Any]]) -> ToolCall | CallError:
     try:
-        obj = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        return CallError(
-            index, "bad-json", f"the call is not valid JSON ({exc.msg} at char {exc.pos})", raw
-        )
+        obj = _loads(raw)
+    except ValueError as exc:
+        return CallError(index, "bad-json", f"the call is not valid JSON ({exc})", raw)
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return CallError(index, "bad-call", 'a call must be {"name": ..., "arguments": {...}}', raw)
     name = obj["name"]
@@ -333,8 +346,8 @@ def _check_call(index: int, raw: str, schemas: dict[str, dict[str, Any]]) -> Too
         )
     args = obj.get("arguments", {})
     if isinstance(args, str):  # some models emit the arguments as a JSON string
-        with contextlib.suppress(json.JSONDecodeError):  # not JSON: refused just below
-            args = json.loads(args)
+        with contextlib.suppress(ValueError):  # not JSON: refused just below
+            args = _loads(args)
     if not isinstance(args, dict):
         return CallError(index, "bad-arguments", f"arguments of {name} must be a JSON object", raw)
     extra_keys = set(obj) - {"name", "arguments"}
