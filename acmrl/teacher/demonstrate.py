@@ -144,9 +144,10 @@ class Demonstrator:
         return f"{key} So I need the event held in {entities[-1]} in {year.group(0)}."
 
     def _would_overflow(self, n: int, name: str, args: dict[str, Any]) -> bool:
-        """Whether the next call's result would push the input past the budget (the oracle
-        knows how long a document is): then it compacts first, whatever its pressure."""
-        if name != "open":
+        """Whether the next call's result (a document, or search results) would push the input
+        past the budget (the oracle knows how long it is): then it compacts first, whatever its
+        pressure."""
+        if name == "answer":
             return False
         text = self.env.session(self.task).call(name, args)
         return n + 64 + len(self.tok.encode(str(text), add_special_tokens=False)) > self.budget
