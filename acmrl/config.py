@@ -467,6 +467,12 @@ class TeacherConfig:
         "demonstrations: [lo, hi] to draw each task's compaction point from (seeded by the "
         "task); empty: pressure for all",
     )
+    switch_arms: bool = option(
+        True,
+        "oracle: inject manage_context into a react run that nears the budget, as the ACM "
+        "reference does; the resumed episode switches to the acm arm at the edit (system prompt "
+        "and tools rebuilt, earlier turns replayed)",
+    )
     reasoned_answers: bool = option(
         False,
         "demonstrations: the answer turn first restates the fact it rests on and what it looks "

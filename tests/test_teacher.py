@@ -331,3 +331,54 @@ def test_teacher_evolve_code_runs_in_the_sandbox_on_the_students_state(env, tiny
     ]:
         errors = valid(code)
         assert any("evolve code fails" in e and why in e for e in errors), (code, errors)
+
+
+def test_injected_compaction_switches_a_react_run_to_acm(env, tiny):
+    """Issue 14, item 2: the teacher injects manage_context into a run without context tools;
+    the resumed episode is acm from the start (system prompt and tools rebuilt), the student's
+    earlier turns replayed in it, and the compaction really runs."""
+    from acmrl.rollout.agent import arm_tools
+    from acmrl.train.samples import trajectory_samples
+
+    task = env.tasks("eval")[0]
+    plan = env.oracle_plan(task)
+    ep = run(env, task, "react", calls(plan), tiny, max_context_tokens=1400)
+    assert ep.traj.metrics["peak_context_tokens"] >= 0.6 * 1400
+    assert OracleTeacher(env, pressure=0.6).assess(task, ep.traj, 1400).kind != "injection"
+    a = OracleTeacher(env, pressure=0.6, switch_arms=True).assess(task, ep.traj, 1400)
+    assert a.kind == "injection" and a.arm == "acm"
+    assert a.action == {"name": "manage_context", "arguments": {}}
+    seen = seen_text(ep.traj, a.step)
+    acm_tools = arm_tools(ep.session.tools, "acm")
+    assert validate(a, seen=seen, reference=task.answer, tools=acm_tools) == []
+    assert any("has no tool" in e for e in check(env, ep, a))  # not a react tool
+    follow = calls(plan[a.step :])
+    script = ScriptedEngine(tiny.tokenizer, replay({f"{ep.traj.episode_id}#edit0": follow}))
+    (traj,) = resume(
+        env,
+        task,
+        ep.traj,
+        a,
+        script,
+        tiny.tokenizer,
+        agent=AgentConfig(max_context_tokens=1400, summary_max_tokens=16),
+        sampling=SamplingConfig(max_new_tokens=64),
+        helper_engine=tiny,
+    )
+    assert traj.arm == "acm" and traj.edit["switched_from"] == "react"
+    first = tiny.tokenizer.decode(traj.steps[0].call.prompt_ids)
+    assert "manage_context" in first and "query_memory" in first  # the acm system prompt
+    for i in range(a.step):  # the student's own turns, replayed in the acm context
+        assert traj.steps[i].text.strip() == ep.traj.steps[i].text.strip()
+        assert traj.steps[i].call.logprobs == []  # never seen by the student in this context
+    assert traj.steps[a.step].origin == "teacher"
+    assert traj.steps[a.step].events[0].kind == "manage_context"
+    assert traj.status == "answered" and traj.score == 1.0
+    # the teacher's turn and what follows are targets; the replayed turns are not
+    samples = trajectory_samples(traj, helpers=False)
+    trained = [s for s in samples if any(w > 0 for w in s.weights)]
+    assert trained and all("manage_context" in tiny.tokenizer.decode(s.token_ids) for s in trained)
+    replayed = [traj.steps[i].call.completion_ids for i in range(a.step)]
+    for s in samples:  # no replayed turn is a target
+        targets = [t for t, w in zip(s.token_ids, s.weights, strict=True) if w > 0]
+        assert not any(r and targets[: len(r)] == r for r in replayed)

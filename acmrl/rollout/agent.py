@@ -72,8 +72,7 @@ class Episode:
         self.sample_helpers = sample_helpers
         self.budget = agent.max_context_tokens or env.max_context_tokens or 8192
         self.session = env.session(task)
-        extra = {"acm": prompts.ACM_TOOLS, "evolve": [EVOLVE_TOOL_SCHEMA]}.get(arm, [])
-        self.tools = [*self.session.tools, *extra]
+        self.tools = arm_tools(self.session.tools, arm)
         system = prompts.system_prompt(arm, self.budget, STATE_PROMPT)
         self.renderer = Renderer(tokenizer, system, self.tools)
         self.helper_renderer = Renderer(tokenizer, None, [])
@@ -566,6 +565,12 @@ class Episode:
                 "evolve", call.tokens, None, applied=result.applied, detail=result.error or ""
             )
         )
+
+
+def arm_tools(env_tools: list[dict[str, Any]], arm: str) -> list[dict[str, Any]]:
+    """The tools of an arm: the environment's, plus the arm's context tools."""
+    extra = {"acm": prompts.ACM_TOOLS, "evolve": [EVOLVE_TOOL_SCHEMA]}.get(arm, [])
+    return [*env_tools, *extra]
 
 
 def repeated_call(name: str, turn: int) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 from acmrl.config import AnnotateConfig
 from acmrl.engines.base import Engine
 from acmrl.envs import Environment, Task, load
-from acmrl.rollout.agent import Episode
+from acmrl.rollout.agent import Episode, arm_tools
 from acmrl.rollout.records import Trajectory
 from acmrl.rollout.run import make_engine
 from acmrl.rollout.worker import JsonlLog, run_episodes
@@ -41,7 +41,12 @@ def known_names(env: Environment) -> set[str]:
 def make_teacher(cfg: AnnotateConfig, env: Environment, student: Engine) -> Any:
     t = cfg.teacher
     if t.kind == "oracle":
-        return OracleTeacher(env, pressure=t.pressure, tokenizer=student.tokenizer)  # type: ignore[attr-defined]
+        return OracleTeacher(
+            env,
+            pressure=t.pressure,
+            tokenizer=student.tokenizer,  # type: ignore[attr-defined]
+            switch_arms=t.switch_arms,
+        )
     if t.base_urls:
         from acmrl.engines.openai import OpenAIEngine
         from acmrl.models import load_tokenizer
@@ -83,7 +88,8 @@ def _assess(
                 a,
                 seen=seen_text(ep.traj, a.step),
                 reference=task.answer,
-                tools=ep.tools,
+                # an edit that switches arms is checked against the tools it switches to
+                tools=arm_tools(ep.session.tools, a.arm) if a.arm else ep.tools,
                 known_names=known_names(env),
                 state=state_at(a.step) if evolve else None,
             )

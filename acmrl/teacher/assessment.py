@@ -62,6 +62,7 @@ class Assessment:
     valid: bool = True
     errors: list[str] = field(default_factory=list)
     attempts: int = 1
+    arm: str | None = None  # the arm the resumed episode runs in (None: the source's)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -95,9 +95,17 @@ def _facts_seen(task: Task, seen: str) -> list[str]:
 class OracleTeacher:
     name = "oracle"
 
-    def __init__(self, env: Environment, *, pressure: float = 0.6, tokenizer: Any = None) -> None:
+    def __init__(
+        self,
+        env: Environment,
+        *,
+        pressure: float = 0.6,
+        tokenizer: Any = None,
+        switch_arms: bool = False,
+    ) -> None:
         self.env = env
         self.pressure = pressure
+        self.switch_arms = switch_arms  # react runs get manage_context and go on as acm
         self.tokenizer = tokenizer  # decodes a step's prompt: what the student could see then
 
     def assess(self, task: Task, traj: Trajectory, budget: int) -> Assessment:
@@ -111,7 +119,8 @@ class OracleTeacher:
     def _injection(
         self, task: Task, traj: Trajectory, steps: list[Any], budget: int
     ) -> Assessment | None:
-        if traj.arm not in ("acm", "evolve"):
+        switch = traj.arm == "react" and self.switch_arms
+        if traj.arm not in ("acm", "evolve") and not switch:
             return None
         compacted_at = -1
         for i, s in enumerate(steps):
@@ -124,13 +133,15 @@ class OracleTeacher:
                 said = " ".join(f.rstrip(".") + "." for f in facts)
                 keep = f", and I must keep what I still need: {said}" if facts else "."
                 why = f"My context is at {n} of {budget} tokens and I have more to read{keep}"
-                if traj.arm == "acm":
+                if traj.arm in ("acm", "react"):
                     action = {"name": "manage_context", "arguments": {}}
                     rationale = f"{why} I will compact my earlier steps before I continue."
                 else:
                     action = {"name": "evolve", "arguments": {"code": EVOLVE_KEEP_FACTS}}
                     rationale = f"{why} I will cut the documents I have read down to their facts."
-                return Assessment("injection", i, action, rationale, self.name)
+                a = Assessment("injection", i, action, rationale, self.name)
+                a.arm = "acm" if switch else None
+                return a
         return None
 
     def _correction(self, task: Task, traj: Trajectory, steps: list[Any]) -> Assessment | None:

@@ -134,7 +134,7 @@ def splice_episodes(
                 eid,
                 env,
                 task,
-                source.arm,
+                edit.arm or source.arm,  # an injected manage_context switches react to acm
                 tokenizer,
                 agent=agent,
                 sampling=sampling,
@@ -205,17 +205,27 @@ def resume(
 
 
 def _mark(traj: Trajectory, source: Trajectory, edit: Assessment) -> None:
-    """Restore the student's own ids and logprobs on replayed steps; mark the teacher's step."""
+    """Restore the student's own ids and logprobs on replayed steps; mark the teacher's step.
+
+    After an arm switch the replayed turns were read in the new arm's context (its system prompt
+    and tools): they keep those prompts, their texts must match the student's, and they carry no
+    behaviour logprobs (the student never saw that context)."""
     src = [s for s in source.steps if s.call is not None and s.call.role == "policy"]
+    switched = traj.arm != source.arm
     n = 0
     for step in traj.steps:
         if step.call is None or step.call.role != "policy":
             continue
         if n < edit.step:
             original = src[n].call
-            if original.prompt_ids != step.call.prompt_ids:
+            if switched:
+                if step.text.strip() != src[n].text.strip():
+                    raise RuntimeError(f"replay of {source.episode_id} diverged at step {n}")
+                step.call.logprobs = []
+            elif original.prompt_ids != step.call.prompt_ids:
                 raise RuntimeError(f"replay of {source.episode_id} diverged at step {n}")
-            step.call = original
+            else:
+                step.call = original
         elif n == edit.step:
             step.origin = "teacher"
             step.call.role = "teacher"
@@ -228,4 +238,5 @@ def _mark(traj: Trajectory, source: Trajectory, edit: Assessment) -> None:
         "action": edit.action,
         "rationale": edit.rationale,
         "teacher": edit.teacher,
+        **({"switched_from": source.arm} if switched else {}),
     }
