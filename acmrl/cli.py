@@ -306,7 +306,8 @@ def demo(
     config: ConfigOpt = None,
     overrides: Overrides = None,
     size: Annotated[
-        str | None, typer.Option("--size", help="smoke, small, default (~20 min here), large")
+        str | None,
+        typer.Option("--size", help="smoke, small, default, long (the longer CPU recipe), large"),
     ] = None,
 ) -> None:
     """The whole pipeline on the embedded default model, from tasks to an exported checkpoint.

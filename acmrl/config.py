@@ -763,9 +763,10 @@ class EvalConfig:
 class DemoConfig:
     """`acmrl demo`: tasks, baseline eval, annotation, SFT, GRPO, eval, export, on one machine."""
 
-    size: Literal["smoke", "small", "default", "large"] = option(
+    size: Literal["smoke", "small", "default", "long", "large"] = option(
         "default",
-        "smoke: a pipeline check; small ~10 min, default ~20 min on 2 CPU cores; large: GPU",
+        "smoke: a pipeline check; small and default: short CPU runs; long: the longer CPU recipe "
+        "(>= 50 held-out tasks, unseen worlds); large: GPU",
     )
     model: ModelConfig = section(ModelConfig, "the base model (the embedded SmolLM2 by default)")
     output: str = option("runs/demo", "folder of every stage; a rerun skips the finished stages")

@@ -5,20 +5,26 @@ Stages, each in its own folder under ``output`` and each skipped when a previous
 
 1. ``tasks``: the ``kb_search`` tasks (train and eval splits) under the demo's context budget;
 2. ``eval-base``: the base model, ``react`` and ``acm``, on the eval tasks;
-3. ``annotate``: the student on the training tasks, the oracle teacher's edits, the student
-   resuming from them, and the oracle's demonstrations (a warm start: the base model makes no
-   valid tool call);
-4. ``sft``: LoRA fine-tuning on that dataset;
-5. ``grpo``: a short GRPO run from the SFT policy, on success minus Compaction Cost;
-6. ``eval-trained``: the trained policy on the same eval tasks;
-7. ``export``: the trained policy as one Hugging Face folder, with the eval report in its card;
-8. ``compare``: base vs trained, side by side (``compare.md``);
-9. ``curves``: the held-out numbers of every stage in one table and plots, and GRPO per step
-   (``curves/``).
+3. ``annotate``: the oracle's demonstrations on the training tasks (a warm start: the base
+   model makes no valid tool call, so its own runs would teach nothing);
+4. ``sft``: fine-tuning on the demonstrations;
+5. ``eval-sft``: the SFT policy on the eval tasks (``acm``);
+6. ``round``: an on-policy teacher round (seed 000's method): the SFT student runs training
+   tasks in ``react`` and ``acm``, the oracle corrects its mistakes and injects compactions
+   (switching ``react`` runs to ``acm`` at the edit), and the student resumes from each edit;
+7. ``sft-round``: fine-tuning from the SFT policy on the demonstrations and the round together;
+8. ``eval-round``: that policy on the eval tasks (``acm``);
+9. ``grpo``: GRPO from that policy, sampled groups, on success minus Compaction Cost;
+10. ``eval-trained``: the trained policy on the eval tasks (``react`` and ``acm``);
+11. ``export``: the trained policy as one Hugging Face folder, with the eval report in its card;
+12. ``compare``: base vs trained, side by side (``compare.md``);
+13. ``curves``: the held-out numbers of every stage in one table and plots, and GRPO per step
+    (``curves/``).
 
 The training tasks come from ``kb_search`` worlds ``seed + 1`` ... (many worlds, so the student
-learns the skill rather than one world's names); the held-out tasks from worlds ``seed`` and
-``seed + 100``, never trained on.
+learns the skill rather than one world's names); the held-out tasks from worlds ``seed``,
+``seed + 100``, ``seed + 101`` ..., never trained on. The ``long`` size also evaluates the
+exported checkpoint on two more unseen worlds (``eval-unseen``).
 
 Every stage's configuration is written to ``configs/<stage>.yaml`` in the output folder, so each
 can be rerun by hand with the matching ``acmrl`` command.
@@ -52,37 +58,52 @@ class Size:
     budget: int
     train_worlds: int  # kb_search worlds (seeds seed+1 ...) whose training splits are taught
     train_tasks: int
-    student_tasks: int | None  # the student's own runs, edits and resumes (demos cover all)
+    eval_worlds: int  # held-out worlds: seed, seed+100, seed+101, ...
     eval_tasks: int
     max_turns: int
     max_new_tokens: int
     sft_steps: int
+    round_tasks: int  # training tasks the SFT student runs in the teacher round (per arm)
+    round_steps: int
     grpo_steps: int
     group_size: int
     grpo_tasks: int
+    unseen: bool = False  # also evaluate the export on two more unseen worlds
 
 
 SIZES = {
     # a pipeline check in about a minute (the tests run it on a tiny random model)
-    "smoke": Size("tiny", 1400, 1, 2, 1, 2, 3, 24, 2, 1, 2, 1),
-    "small": Size("tiny", 1400, 4, 64, 2, 8, 12, 96, 20, 2, 4, 1),
-    "default": Size("tiny", 1400, 10, 160, 4, 16, 12, 96, 40, 2, 4, 1),
+    "smoke": Size("tiny", 1400, 1, 2, 1, 2, 3, 24, 2, 1, 1, 1, 2, 1),
+    "small": Size("tiny", 1400, 4, 64, 2, 8, 12, 96, 20, 8, 10, 2, 4, 1),
+    "default": Size("tiny", 1400, 10, 160, 2, 16, 12, 96, 40, 16, 20, 2, 4, 1),
+    # the longer CPU recipe: more worlds and steps, >= 50 held-out tasks, unseen worlds
+    "long": Size("tiny", 1400, 30, 480, 7, 56, 12, 96, 150, 48, 60, 8, 4, 2, unseen=True),
     # longer multi-hop tasks, for a GPU
-    "large": Size("small", 2048, 4, 800, None, 40, 16, 128, 150, 20, 8, 4),
+    "large": Size("small", 2048, 4, 800, 2, 40, 16, 128, 150, 64, 50, 20, 8, 4),
 }
 STAGES = [
     "tasks",
     "eval-base",
     "annotate",
     "sft",
+    "eval-sft",
+    "round",
+    "sft-round",
+    "eval-round",
     "grpo",
     "eval-trained",
     "export",
     "compare",
     "curves",
 ]
-# held-out tasks come from worlds never trained on: the demo's seed and seed + EVAL_WORLD
+# held-out tasks come from worlds never trained on: the demo's seed, then seed + EVAL_WORLD ...
 EVAL_WORLD = 100
+# worlds the long recipe's export is finally evaluated on, one at a time: never seen anywhere
+UNSEEN_WORLDS = (200, 201)
+
+
+def eval_seeds(seed: int, z: Size) -> list[int]:
+    return [seed] + [seed + EVAL_WORLD + i for i in range(z.eval_worlds - 1)]
 
 
 def cpu_has_bf16() -> bool:
@@ -123,7 +144,7 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
     # many worlds to learn the skill, not one world's names; held-out worlds to test it
     env = EnvConfig(
         name="mixture",
-        options={"env": "kb_search", "seeds": [cfg.seed, cfg.seed + EVAL_WORLD], "options": preset},
+        options={"env": "kb_search", "seeds": eval_seeds(cfg.seed, z), "options": preset},
     )
     train_seeds = [cfg.seed + 1 + i for i in range(z.train_worlds)]
     train_env = EnvConfig(
@@ -141,13 +162,19 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
     model = cfg.model
     mp = precision(cfg)
 
-    def eval_cfg(name: str, model_name: str) -> EvalConfig:
+    def eval_cfg(
+        name: str,
+        model_name: str,
+        arms: tuple[str, ...] = ("react", "acm"),
+        env: Any = env,
+        split: str = "eval",
+    ) -> EvalConfig:
         e = EvalConfig(
             model=dataclasses.replace(model, name=model_name),
             sampling=greedy,
             agent=agent,
-            env=dataclasses.replace(env, split="eval", limit=z.eval_tasks),
-            arms=["react", "acm"],
+            env=dataclasses.replace(env, split=split, limit=z.eval_tasks),
+            arms=list(arms),
             output=str(out / name),
             machine=cfg.machine or describe_machine(),
         )
@@ -156,12 +183,13 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
     annotate = AnnotateConfig(
         model=model,
         sampling=greedy,
-        agent=agent,
+        # a demonstration needs the turns of the whole plan, whatever the size's limit
+        agent=dataclasses.replace(agent, max_turns=max(agent.max_turns, 12)),
         env=train_env,
         arms=["react", "acm"],
         resumes=1,
         demonstrations=True,
-        student_tasks=z.student_tasks,
+        student_tasks=0,  # the base model makes no valid call: its runs would teach nothing
         seed=cfg.seed,
         output=str(out / "annotate"),
     )
@@ -176,8 +204,29 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
     )
     sft.optim.lr, sft.optim.max_steps, sft.optim.warmup_steps = 5e-4, z.sft_steps, 2
     sft.optim.batch_tokens, sft.optim.mixed_precision = 4096, mp
+    sft_model = str(out / "sft" / "final")
+    # the teacher round: the SFT student on training tasks, the oracle's edits, its resumes
+    round_ = dataclasses.replace(
+        annotate,
+        model=dataclasses.replace(model, name=sft_model),
+        env=dataclasses.replace(train_env, limit=z.round_tasks),
+        agent=agent,
+        demonstrations=False,
+        student_tasks=None,
+        teacher=dataclasses.replace(annotate.teacher, pressure_spread=[]),
+        output=str(out / "round"),
+    )
+    sft_round = dataclasses.replace(
+        sft,
+        model=dataclasses.replace(model, name=sft_model),
+        dataset=[str(out / "annotate"), str(out / "round")],
+        output=str(out / "sft-round"),
+        save_every=max(1, z.round_steps),
+        optim=dataclasses.replace(sft.optim, max_steps=z.round_steps),
+    )
+    round_model = str(out / "sft-round" / "final")
     grpo = GRPOConfig(
-        model=dataclasses.replace(model, name=str(out / "sft" / "final")),
+        model=dataclasses.replace(model, name=round_model),
         agent=agent,
         env=train_env,
         arms=["acm"],
@@ -201,14 +250,28 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
         eval_dir=str(out / "eval-trained"),
         output=str(out / "export"),
     )
-    return {
+    configs = {
         "eval-base": eval_cfg("eval-base", model.name),
         "annotate": annotate,
         "sft": sft,
+        "eval-sft": eval_cfg("eval-sft", sft_model, ("acm",)),
+        "round": round_,
+        "sft-round": sft_round,
+        "eval-round": eval_cfg("eval-round", round_model, ("acm",)),
         "grpo": grpo,
         "eval-trained": eval_cfg("eval-trained", trained),
         "export": export,
     }
+    if z.unseen:
+        for world in UNSEEN_WORLDS:
+            unseen_env = dataclasses.replace(
+                env, options={**env.options, "seeds": [cfg.seed + world]}
+            )
+            # every task of a world never seen is held out: its training split too
+            configs[f"eval-unseen-{world}"] = eval_cfg(
+                f"eval-unseen-{world}", str(out / "export"), ("acm",), unseen_env, "train"
+            )
+    return configs
 
 
 def _yaml(obj: Any) -> str:
@@ -229,6 +292,7 @@ class Demo:
         self.configs = stage_configs(cfg)
         self.times: dict[str, float] = {}
         self.skipped: list[str] = []
+        self.n_stages = len(STAGES)
 
     def _done(self, stage: str) -> Path:
         return self.out / ".done" / stage
@@ -238,9 +302,9 @@ class Demo:
         if marker.exists():
             self.times[name] = float(json.loads(marker.read_text())["seconds"])
             self.skipped.append(name)
-            self.console.print(f"[dim][{n}/{len(STAGES)}] {name}: done already, skipped[/dim]")
+            self.console.print(f"[dim][{n}/{self.n_stages}] {name}: done already, skipped[/dim]")
             return
-        self.console.rule(f"[bold][{n}/{len(STAGES)}] {name}[/bold]: {what}")
+        self.console.rule(f"[bold][{n}/{self.n_stages}] {name}[/bold]: {what}")
         t0 = time.perf_counter()
         fn()
         self.times[name] = time.perf_counter() - t0
@@ -262,30 +326,54 @@ class Demo:
             (self.out / "configs" / f"{name}.yaml").write_text(_yaml(stage_cfg))
         (self.out / "configs" / "demo.yaml").write_text(_yaml(self.cfg))
         z = SIZES[self.cfg.size]
-        self.stage(1, "tasks", self._tasks, f"kb_search {z.preset}, budget {z.budget} tokens")
-        self.stage(2, "eval-base", lambda: run_eval(c["eval-base"]), "the base model")
-        self.stage(
-            3, "annotate", lambda: run_annotate(c["annotate"]), "student, oracle teacher, resumes"
-        )
-        self.stage(4, "sft", lambda: run_sft(c["sft"]), f"{z.sft_steps} LoRA steps")
-        self.stage(5, "grpo", lambda: run_grpo(c["grpo"]), f"{z.grpo_steps} GRPO steps")
-        self.stage(6, "eval-trained", lambda: run_eval(c["eval-trained"]), "the trained policy")
-        self.stage(7, "export", lambda: run_export(c["export"]), "merged HF folder + card")
-        self.stage(
-            8,
-            "compare",
-            lambda: compare(
-                self.out / "eval-base", self.out / "eval-trained", self.out / "compare.md"
+        steps = [
+            ("tasks", self._tasks, f"kb_search {z.preset}, budget {z.budget} tokens"),
+            ("eval-base", lambda: run_eval(c["eval-base"]), "the base model"),
+            ("annotate", lambda: run_annotate(c["annotate"]), "the oracle's demonstrations"),
+            ("sft", lambda: run_sft(c["sft"]), f"{z.sft_steps} steps on the demonstrations"),
+            ("eval-sft", lambda: run_eval(c["eval-sft"]), "the SFT policy"),
+            (
+                "round",
+                lambda: run_annotate(c["round"]),
+                f"teacher round: the SFT student on {z.round_tasks} tasks, edits, resumes",
             ),
-            "base vs trained",
-        )
-        self.stage(9, "curves", self._curves, "held-out numbers per stage, GRPO per step")
+            (
+                "sft-round",
+                lambda: run_sft(c["sft-round"]),
+                f"{z.round_steps} steps on demonstrations + round",
+            ),
+            ("eval-round", lambda: run_eval(c["eval-round"]), "the policy after the round"),
+            ("grpo", lambda: run_grpo(c["grpo"]), f"{z.grpo_steps} GRPO steps"),
+            ("eval-trained", lambda: run_eval(c["eval-trained"]), "the trained policy"),
+            ("export", lambda: run_export(c["export"]), "merged HF folder + card"),
+            (
+                "compare",
+                lambda: compare(
+                    self.out / "eval-base", self.out / "eval-trained", self.out / "compare.md"
+                ),
+                "base vs trained",
+            ),
+            ("curves", self._curves, "held-out numbers per stage, GRPO per step"),
+        ]
+        for world in UNSEEN_WORLDS if z.unseen else ():
+            name = f"eval-unseen-{world}"
+            steps.append(
+                (name, lambda n=name: run_eval(c[n]), f"the export on unseen world {world}")
+            )
+        self.n_stages = len(steps)
+        for n, (name, fn, what) in enumerate(steps, 1):
+            self.stage(n, name, fn, what)
         return self.summary()
 
     def _curves(self) -> None:
         from acmrl.eval.curves import write_curves
 
-        stages = [("base", self.out / "eval-base"), ("trained", self.out / "eval-trained")]
+        stages = [
+            ("base", self.out / "eval-base"),
+            ("sft", self.out / "eval-sft"),
+            ("teacher round", self.out / "eval-round"),
+            ("grpo", self.out / "eval-trained"),
+        ]
         write_curves(stages, self.out / "curves", self.out / "grpo")
 
     def _tasks(self) -> None:

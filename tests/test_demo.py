@@ -13,7 +13,11 @@ def test_stage_configs_chain_the_stages(tmp_path):
     c = stage_configs(cfg)
     out = tmp_path / "demo"
     assert c["sft"].dataset == str(out / "annotate")
-    assert c["grpo"].model.name == str(out / "sft" / "final")
+    assert c["round"].model.name == str(out / "sft" / "final") and not c["round"].demonstrations
+    assert c["sft-round"].dataset == [str(out / "annotate"), str(out / "round")]
+    assert c["sft-round"].model.name == str(out / "sft" / "final")
+    assert c["grpo"].model.name == str(out / "sft-round" / "final")
+    assert c["eval-sft"].env == c["eval-round"].env == c["eval-base"].env
     assert c["eval-trained"].model.name == str(out / "grpo" / "final")
     assert c["export"].model.name == str(out / "grpo" / "final")
     assert c["export"].eval_dir == str(out / "eval-trained")
@@ -25,6 +29,20 @@ def test_stage_configs_chain_the_stages(tmp_path):
     assert trained.isdisjoint(c["eval-base"].env.options["seeds"])
     assert c["grpo"].env == c["annotate"].env and len(trained) == 10
     assert c["eval-base"].agent.repeat_rule and c["annotate"].teacher.pressure_spread
+    assert c["round"].teacher.switch_arms and c["round"].arms == ["react", "acm"]
+
+
+def test_long_recipe_holds_out_enough_tasks_and_unseen_worlds(tmp_path):
+    from acmrl.envs import load
+
+    c = stage_configs(DemoConfig(size="long", output=str(tmp_path / "long")))
+    held_out = load(c["eval-base"].env.name, **c["eval-base"].env.options)
+    assert len(held_out.tasks("eval")[: c["eval-base"].env.limit]) >= 50
+    trained = set(c["annotate"].env.options["seeds"])
+    unseen = [c[k].env.options["seeds"] for k in c if k.startswith("eval-unseen")]
+    assert len(unseen) == 2 and all(trained.isdisjoint(s) for s in unseen)
+    assert all(set(s).isdisjoint(c["eval-base"].env.options["seeds"]) for s in unseen)
+    assert c["eval-unseen-200"].model.name == str(tmp_path / "long" / "export")
 
 
 def test_smoke_demo_runs_every_stage(tmp_path, tiny_model_dir):
@@ -50,7 +68,8 @@ def test_smoke_demo_runs_every_stage(tmp_path, tiny_model_dir):
     assert "| acm | Pass@1 |" in (out / "compare.md").read_text()
     assert (out / "configs" / "grpo.yaml").exists()
     curves = (out / "curves" / "curves.md").read_text()
-    assert "| base | acm |" in curves and "| trained | react |" in curves
+    assert "| base | acm |" in curves and "| grpo | react |" in curves
+    assert "| sft | acm |" in curves and "| teacher round | acm |" in curves
     assert "exported checkpoint:" in result.output and "wall time" in result.output
 
     again = CliRunner().invoke(app, args)  # every stage is done: only the summary runs
