@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +84,49 @@ def test_grpo_under_a_two_process_launch(tmp_path, tiny_model_dir):
     assert (out / "final" / "adapter_config.json").exists()
     for rank in (0, 1):  # one task's group of 2 per process and step
         assert len((out / f"rollouts-rank{rank}.jsonl").read_text().splitlines()) == 4
+
+
+@pytest.mark.slow
+def test_grpo_uneven_micro_batches_match_one_process(tmp_path, tiny_model_dir):
+    """Issue 16, item 1: ranks with different numbers of micro-batches (3 and 1) finish the
+    update (they hung in DDP's synchronised backward before), and the gradient equals one
+    process's over the same four samples: the loss is the token mean over every rank's targets."""
+    import torch
+
+    root = Path(__file__).resolve().parents[1]
+    script = [sys.executable, "tests/ddp_uneven.py", tiny_model_dir]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run(
+        [*script, str(tmp_path / "one")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=root,
+    )
+    assert one.returncode == 0, one.stderr[-3000:]
+    launch = [*LAUNCH[:-3], "tests/ddp_uneven.py", tiny_model_dir, str(tmp_path / "two")]
+    two = subprocess.run(launch, capture_output=True, text=True, timeout=300, env=env, cwd=root)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "rank 0 of 2: 3 samples" in two.stdout and "rank 1 of 2: 1 samples" in two.stdout
+    a = torch.load(tmp_path / "one" / "grad.pt")
+    b = torch.load(tmp_path / "two" / "grad.pt")
+    assert a["grads"].keys() == b["grads"].keys() and a["grads"]
+    for name, g in a["grads"].items():
+        assert torch.allclose(g, b["grads"][name], rtol=1e-4, atol=1e-7), name
+    assert abs(a["metrics"]["train/loss"] - b["metrics"]["train/loss"]) < 1e-5
+    assert a["metrics"]["train/target_tokens"] == b["metrics"]["train/target_tokens"]
+
+
+def test_tasks_per_step_below_the_process_count_is_refused(tmp_path, tiny_model_dir, monkeypatch):
+    from acmrl.config import GRPOConfig
+    from acmrl.train import grpo
+    from tests.grpo_env import TargetEnv, override
+
+    class TwoProcesses:
+        num_processes, process_index = 2, 0
+
+    monkeypatch.setattr(grpo, "make_accelerator", lambda *a: TwoProcesses())
+    cfg = override(GRPOConfig(), model__name=tiny_model_dir, output=str(tmp_path), tasks_per_step=1)
+    with pytest.raises(ValueError, match="tasks_per_step=1 is smaller than the 2 training"):
+        grpo.GRPOTrainer(cfg, env=TargetEnv())

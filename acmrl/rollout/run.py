@@ -125,7 +125,9 @@ def run_rollout(
     cfg: RolloutConfig, engine: Engine | None = None, tokenizer: Any = None
 ) -> list[dict[str, Any]]:
     """Run the rollout ``cfg`` describes; returns the per-arm summary rows of the whole file."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+    from acmrl.progress import progress as progress_for
 
     env = load(cfg.env.name, **cfg.env.options)
     n_tasks = len(env.tasks(cfg.env.split)[: cfg.env.limit])
@@ -144,7 +146,7 @@ def run_rollout(
         TextColumn("{task.fields[last]}"),
     ]
     try:
-        with Progress(*columns) as progress:
+        with progress_for("rollout", *columns) as progress:
             bar = progress.add_task("episodes", total=total, completed=len(writer.done), last="")
 
             def done(ep: Episode) -> None:

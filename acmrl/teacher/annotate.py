@@ -206,7 +206,9 @@ def load_topk_model(cfg: AnnotateConfig) -> Any:
 
 def run_annotate(cfg: AnnotateConfig, engine: Engine | None = None) -> dict[str, Any]:
     """Run this shard's tasks (skipping those already recorded) and rebuild the dataset."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+    from acmrl.progress import progress as progress_for
 
     i, n = (int(x) for x in cfg.shard.split("/"))
     env = load(cfg.env.name, **cfg.env.options)
@@ -229,7 +231,7 @@ def run_annotate(cfg: AnnotateConfig, engine: Engine | None = None) -> dict[str,
         TimeElapsedColumn(),
     ]
     try:
-        with Progress(*columns) as progress:
+        with progress_for(f"annotate {cfg.shard}", *columns) as progress:
             bar = progress.add_task("tasks", total=len(tasks), completed=len(tasks) - len(todo))
             for start in range(0, len(todo), chunk):
                 part = todo[start : start + chunk]

@@ -41,9 +41,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(
-    root: str | Path, step: int, model: Any, optimizer: Any, scheduler: Any, state: dict[str, Any]
+    root: str | Path,
+    step: int,
+    model: Any,
+    optimizer: Any,
+    scheduler: Any,
+    state: dict[str, Any],
+    rng_ranks: list[dict[str, Any]] | None = None,
 ) -> Path:
-    """Write checkpoint ``step`` under ``root/checkpoints`` atomically; returns its folder."""
+    """Write checkpoint ``step`` under ``root/checkpoints`` atomically; returns its folder.
+    ``rng_ranks``: every training process's RNG state (index = rank), restored per rank."""
     ckpts = Path(root) / "checkpoints"
     ckpts.mkdir(parents=True, exist_ok=True)
     final = ckpts / f"step-{step:06d}"
@@ -56,6 +63,7 @@ def save_checkpoint(
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "rng": rng_state(),
+            "rng_ranks": rng_ranks or [],
         },
         tmp / "training.pt",
     )
@@ -74,10 +82,14 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return done[-1] if done else None
 
 
-def load_training_state(path: Path, optimizer: Any, scheduler: Any) -> dict[str, Any]:
-    """Restore optimiser, scheduler and RNG states; returns ``trainer_state.json``."""
+def load_training_state(
+    path: Path, optimizer: Any, scheduler: Any, rank: int = 0
+) -> dict[str, Any]:
+    """Restore optimiser, scheduler and RNG states (this process's own, when every process's
+    was saved); returns ``trainer_state.json``."""
     blob = torch.load(path / "training.pt", weights_only=False)
     optimizer.load_state_dict(blob["optimizer"])
     scheduler.load_state_dict(blob["scheduler"])
-    set_rng_state(blob["rng"])
+    ranks = blob.get("rng_ranks") or []
+    set_rng_state(ranks[rank] if rank < len(ranks) else blob["rng"])
     return json.loads((path / STATE).read_text())

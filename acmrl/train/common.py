@@ -182,7 +182,10 @@ class MetricsLog:
 
 
 def progress_bar(name: str, visible: bool) -> Any:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    """A rich bar on a terminal; plain log lines in a pipe or a job log (acmrl/progress.py)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+    from acmrl.progress import progress
 
     columns = [
         TextColumn(name),
@@ -191,4 +194,4 @@ def progress_bar(name: str, visible: bool) -> Any:
         TimeElapsedColumn(),
         TextColumn("{task.fields[info]}"),
     ]
-    return Progress(*columns, disable=not visible)
+    return progress(name, *columns, visible=visible)

@@ -82,7 +82,12 @@ from acmrl.rollout.agent import Episode
 from acmrl.rollout.records import Trajectory
 from acmrl.rollout.run import make_episode
 from acmrl.rollout.worker import JsonlLog, episode_id, run_episodes
-from acmrl.train.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
+from acmrl.train.checkpoint import (
+    latest_checkpoint,
+    load_training_state,
+    rng_state,
+    save_checkpoint,
+)
 from acmrl.train.common import (
     MetricsLog,
     build_model,
@@ -181,37 +186,65 @@ def _forward(model: Any, batch: dict[str, torch.Tensor], temperature: float):
     return logits, lp
 
 
-def rollout_metrics(trajs: list[Trajectory], terms: list[dict[str, float]]) -> dict[str, float]:
-    n = max(1, len(trajs))
-    out = {f"reward/{k}": sum(t[k] for t in terms) / n for k in (terms[0] if terms else {})}
-    prompt = sum(t.metrics.get("prompt_tokens", 0) for t in trajs)
-    out |= {
-        "rollout/success": sum(t.score >= 1.0 for t in trajs) / n,
-        "rollout/score": sum(t.score for t in trajs) / n,
-        "rollout/peak_context_tokens": sum(t.metrics.get("peak_context_tokens", 0) for t in trajs)
-        / n,
-        "rollout/compactions": sum(t.metrics.get("compactions", 0) for t in trajs) / n,
-        "rollout/tool_calls": sum(t.metrics.get("tool_calls", 0) for t in trajs) / n,
-        "rollout/overflow": sum(t.status == "overflow" for t in trajs) / n,
-        "rollout/cache_reuse": sum(t.metrics.get("reused_tokens", 0) for t in trajs)
-        / max(1, prompt),
+def episode_facts(traj: Trajectory, reward: float, terms: dict[str, float]) -> dict[str, Any]:
+    """What the step's metrics need of one episode: small enough to gather from every process."""
+    m = traj.metrics
+    return {
+        "reward": reward,
+        "terms": terms,
+        "score": traj.score,
+        "status": traj.status,
+        "metrics": {
+            k: m.get(k, 0)
+            for k in (
+                "peak_context_tokens",
+                "compactions",
+                "tool_calls",
+                "prompt_tokens",
+                "reused_tokens",
+                "compaction_cost",
+            )
+        },
+        # where the policy compacts (context before / budget)
+        "points": [
+            e.tokens_before / max(1, m.get("budget", 0))
+            for s in traj.steps
+            for e in s.events
+            if e.kind in COMPACTIONS and e.applied
+        ],
     }
-    # where the policy compacts (context before / budget) and what a success costs: the timing
-    # GRPO is meant to shape
-    points = [
-        e.tokens_before / max(1, t.metrics.get("budget", 0))
-        for t in trajs
-        for s in t.steps
-        for e in s.events
-        if e.kind in COMPACTIONS and e.applied
-    ]
-    wins = [t for t in trajs if t.score >= 1.0]
+
+
+def rollout_metrics(facts: list[dict[str, Any]]) -> dict[str, float]:
+    """Reward, success, context and compaction figures of a step's episodes (all processes')."""
+    n = max(1, len(facts))
+    terms = [f["terms"] for f in facts]
+    rewards = [f["reward"] for f in facts]
+    out = {f"reward/{k}": sum(t[k] for t in terms) / n for k in (terms[0] if terms else {})}
+    out["reward/mean"] = sum(rewards) / n
+    out["reward/std"] = float(torch.tensor(rewards or [0.0]).std(unbiased=False))
+
+    def mean(key: str) -> float:
+        return sum(f["metrics"][key] for f in facts) / n
+
+    prompt = sum(f["metrics"]["prompt_tokens"] for f in facts)
+    out |= {
+        "rollout/success": sum(f["score"] >= 1.0 for f in facts) / n,
+        "rollout/score": sum(f["score"] for f in facts) / n,
+        "rollout/peak_context_tokens": mean("peak_context_tokens"),
+        "rollout/compactions": mean("compactions"),
+        "rollout/tool_calls": mean("tool_calls"),
+        "rollout/overflow": sum(f["status"] == "overflow" for f in facts) / n,
+        "rollout/cache_reuse": sum(f["metrics"]["reused_tokens"] for f in facts) / max(1, prompt),
+    }
+    # where the policy compacts and what a success costs: the timing GRPO is meant to shape
+    points = [p for f in facts for p in f["points"]]
+    wins = [f for f in facts if f["score"] >= 1.0]
     out["rollout/compaction_point"] = sum(points) / len(points) if points else float("nan")
     out["rollout/compaction_cost_per_success"] = (
-        sum(t.metrics.get("compaction_cost", 0.0) for t in wins) / len(wins)
-        if wins
-        else float("nan")
+        sum(f["metrics"]["compaction_cost"] for f in wins) / len(wins) if wins else float("nan")
     )
+    out["rollout/episodes"] = len(facts)
     return out
 
 
@@ -232,6 +265,12 @@ class GRPOTrainer:
         if not self.tasks:
             raise ValueError(f"env {cfg.env.name!r} split {cfg.env.split!r} has no tasks")
         self.acc = make_accelerator(cfg.optim.mixed_precision, cfg.log_with, str(self.out))
+        if cfg.tasks_per_step < self.acc.num_processes:
+            raise ValueError(
+                f"tasks_per_step={cfg.tasks_per_step} is smaller than the "
+                f"{self.acc.num_processes} training processes: every process needs a task (its "
+                f"group) per step; use tasks_per_step >= {self.acc.num_processes}"
+            )
         model, self.tok, self.started_from_adapter = build_model(cfg, ckpt)
         self.ref = None
         if cfg.kl_coef > 0 and not cfg.lora.enabled:
@@ -247,7 +286,9 @@ class GRPOTrainer:
         )
         self.state: dict[str, Any] = {"step": 0, "losses": [], "rewards": []}
         if ckpt is not None:
-            self.state = load_training_state(ckpt, self.opt, self.sched)
+            self.state = load_training_state(
+                ckpt, self.opt, self.sched, rank=self.acc.process_index
+            )
         self.model, self.opt = self.acc.prepare(model, self.opt)
         if self.ref is not None:
             self.ref.to(self.acc.device)
@@ -371,7 +412,13 @@ class GRPOTrainer:
             )
             for idx in token_batches(samples, cfg.optim.batch_tokens, cfg.max_len)
         ]
-        n_total = sum(float(b["loss_mask"].sum()) for b in batches)
+        n_local = sum(float(b["loss_mask"].sum()) for b in batches)
+        # every process takes part in the same collectives: the same number of micro-batches
+        # (a process with fewer runs zero-gradient ones) and one all-reduce per update, on the
+        # last; the loss is the token mean over every process's targets
+        n_total = self._sum(n_local)
+        n_micro = int(self._max(len(batches)))
+        world = acc.num_processes
         # old and reference logprobs, before any update. With one update per step the old
         # policy is the current one: its logprobs are the update's own forward, detached (the
         # ratio is exactly 1), which saves a forward pass per batch
@@ -392,27 +439,35 @@ class GRPOTrainer:
         metrics: dict[str, float] = {}
         for _ in range(cfg.updates_per_step):
             sums = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio": 0.0, "entropy": 0.0}
-            for b in batches:
-                logits, lp = _forward(self.model, b, T)
-                if on_policy:
-                    mismatch += _mismatch(lp.detach(), b)
-                out = grpo_loss(
-                    lp,
-                    lp.detach() if on_policy else b["old_logprobs"],
-                    b["advantages"],
-                    b["loss_mask"],
-                    clip_eps=cfg.clip_eps,
-                    ref_logprobs=b.get("ref_logprobs"),
-                    kl_coef=cfg.kl_coef,
-                )
-                share = float(b["loss_mask"].sum()) / max(1.0, n_total)
-                acc.backward(out.loss * share)  # token-level mean over the whole step's batch
-                sums["loss"] += float(out.loss.detach()) * share
-                sums["kl"] += float(out.kl.detach()) * share
-                sums["clip_fraction"] += float(out.clip_fraction) * share
-                sums["ratio"] += float(out.ratio_mean.detach()) * share
-                sums["entropy"] += float(entropy(logits)) * share
-                del logits
+            for i in range(n_micro):
+                sync = i == n_micro - 1
+                with nullcontext() if sync else acc.no_sync(self.model):
+                    if i >= len(batches):
+                        self._zero_backward()
+                        continue
+                    b = batches[i]
+                    logits, lp = _forward(self.model, b, T)
+                    if on_policy:
+                        mismatch += _mismatch(lp.detach(), b)
+                    out = grpo_loss(
+                        lp,
+                        lp.detach() if on_policy else b["old_logprobs"],
+                        b["advantages"],
+                        b["loss_mask"],
+                        clip_eps=cfg.clip_eps,
+                        ref_logprobs=b.get("ref_logprobs"),
+                        kl_coef=cfg.kl_coef,
+                    )
+                    share = float(b["loss_mask"].sum()) / max(1.0, n_total)
+                    # token-level mean over the whole step's batch, on every process: DDP
+                    # averages the processes' gradients, so each contributes world x its share
+                    acc.backward(out.loss * share * world)
+                    sums["loss"] += float(out.loss.detach()) * share
+                    sums["kl"] += float(out.kl.detach()) * share
+                    sums["clip_fraction"] += float(out.clip_fraction) * share
+                    sums["ratio"] += float(out.ratio_mean.detach()) * share
+                    sums["entropy"] += float(entropy(logits)) * share
+                    del logits
             if cfg.optim.max_grad_norm:
                 metrics["grad_norm"] = float(
                     acc.clip_grad_norm_(self.params, cfg.optim.max_grad_norm)
@@ -420,11 +475,31 @@ class GRPOTrainer:
             self.opt.step()
             self.sched.step()
             self.opt.zero_grad()
-            metrics |= {f"train/{k}": v for k, v in sums.items()}
-        metrics["train/logprob_mismatch"] = mismatch / max(1.0, n_total)
+            metrics |= {f"train/{k}": self._sum(v) for k, v in sums.items()}
+        metrics["train/logprob_mismatch"] = self._sum(mismatch) / max(1.0, n_total)
         metrics["train/target_tokens"] = n_total
-        metrics["train/tokens"] = sum(float(b["attention_mask"].sum()) for b in batches)
+        metrics["train/tokens"] = self._sum(sum(float(b["attention_mask"].sum()) for b in batches))
         return metrics
+
+    def _sum(self, value: float) -> float:
+        """``value`` summed over the training processes."""
+        if self.acc.num_processes == 1:
+            return float(value)
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self.acc.device)
+        return float(self.acc.reduce(t, reduction="sum"))
+
+    def _max(self, value: float) -> float:
+        if self.acc.num_processes == 1:
+            return float(value)
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self.acc.device)
+        return float(self.acc.gather(t).max())
+
+    def _zero_backward(self) -> None:
+        """A micro-batch with no data: a zero gradient through the model, so that this process
+        makes the same backward (and all-reduce) calls as the others."""
+        ids = torch.full((1, 2), self.pad, device=self.acc.device)
+        out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        self.acc.backward(out.logits.sum() * 0.0)
 
     def _ref_logprobs(self, b: dict[str, torch.Tensor], T: float) -> torch.Tensor:
         if self.ref is not None:
@@ -445,10 +520,8 @@ class GRPOTrainer:
         t0 = time.perf_counter()
         n_any = int(self.acc.gather(torch.tensor([len(samples)], device=self.acc.device)).sum())
         metrics: dict[str, Any]
-        if samples:
+        if n_any:  # a process without samples takes part with zero-gradient micro-batches
             metrics = self.update(samples, sample_adv)
-        elif n_any:  # other processes learn: take part in their all-reduce with a zero gradient
-            metrics = self.update_nothing()
         else:  # every group flat everywhere: no gradient, so no optimiser step (Adam's momentum
             # would keep moving the weights); the schedule advances by the step's updates
             for _ in range(self.cfg.updates_per_step):
@@ -463,12 +536,17 @@ class GRPOTrainer:
         )
         if self.cfg.engine.kind == "vllm":  # the next rollouts sample the updated adapter
             self._sync(self.engine, step + 1)
-        metrics |= rollout_metrics([e.traj for e in episodes], terms)
+        # every process's episodes, not only this one's share
+        facts = [
+            episode_facts(e.traj, r, t) for e, r, t in zip(episodes, rewards, terms, strict=True)
+        ]
+        if self.acc.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            facts = gather_object(facts)
+        metrics |= rollout_metrics(facts)
         metrics |= {
-            "reward/mean": sum(rewards) / len(rewards),
-            "reward/std": float(torch.tensor(rewards).std(unbiased=False)),
-            "rollout/episodes": len(episodes),
-            "rollout/flat_episodes": flat,
+            "rollout/flat_episodes": self._sum(flat),
             "rollout/seconds": rollout_s,
             "rollout/gen_tokens_per_s": gen_tokens / max(1e-9, rollout_s),
             "train/seconds": train_s,
@@ -478,29 +556,14 @@ class GRPOTrainer:
         }
         return metrics
 
-    def update_nothing(self) -> dict[str, float]:
-        """A step without samples: as many zero-gradient updates as the other processes make
-        (DDP needs every process in each all-reduce), each with its optimiser and scheduler
-        step."""
-        b = collate(
-            [Sample("none", 0, [self.pad, self.pad], [0, 0], [0, 0], [0.0, 0.0])],
-            [0.0],
-            self.cfg.max_len,
-            self.pad,
-            self.acc.device,
-        )
-        self.model.train()
-        for _ in range(self.cfg.updates_per_step):
-            out = self.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
-            self.acc.backward(out.logits.sum() * 0.0)
-            self.opt.step()
-            self.sched.step()
-            self.opt.zero_grad()
-        return {"train/loss": 0.0, "train/target_tokens": 0.0, "train/tokens": 0.0}
-
     # -- checkpoints ------------------------------------------------------------------------------
 
     def save(self, step: int) -> None:
+        rng_ranks = None
+        if self.acc.num_processes > 1:  # every process's RNG state, restored per rank
+            from accelerate.utils import gather_object
+
+            rng_ranks = gather_object([rng_state()])
         if self.acc.is_main_process:
             save_checkpoint(
                 self.out,
@@ -512,6 +575,7 @@ class GRPOTrainer:
                     "losses": self.state["losses"][-1000:],
                     "rewards": self.state["rewards"][-1000:],
                 },
+                rng_ranks,
             )
         self.acc.wait_for_everyone()
 
