@@ -723,10 +723,25 @@ class ExportConfig:
     max_logit_diff: float = option(
         1e-3, "most the reloaded export's logits may differ from the trained model's", min=0.0
     )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = option(
+        "auto", "weights dtype of the export (auto: the trained model's)"
+    )
+    adapter_only: bool = option(
+        False,
+        "for an adapter policy: export the adapter (with its base's id in the card) instead of "
+        "merged weights",
+    )
+    push_to_hub: bool = option(
+        False, "upload the finished folder to the Hugging Face Hub (huggingface_hub, HF_TOKEN)"
+    )
+    hub_repo_id: str | None = option(None, "push_to_hub: the repository, e.g. user/acm-policy")
+    hub_private: bool = option(True, "push_to_hub: create the repository private")
 
     def check(self) -> None:
         if self.arm not in ARMS:
             raise ConfigError(f"arm: got {self.arm!r}, must be one of {', '.join(ARMS)}")
+        if self.push_to_hub and not self.hub_repo_id:
+            raise ConfigError("push_to_hub needs hub_repo_id (e.g. hub_repo_id=user/acm-policy)")
 
 
 @dataclasses.dataclass

@@ -101,3 +101,68 @@ def test_export_refuses_an_eval_dir_without_a_report(tmp_path, adapter):
     cfg.model.name = str(adapter)
     with pytest.raises(ValueError, match=r"no report\.md"):
         run_export(cfg)
+
+
+def _cfg(tmp_path, adapter, **kw):
+    cfg = ExportConfig(output=str(tmp_path / "export"), **kw)
+    cfg.model.name = str(adapter)
+    cfg.env.options = {"preset": "tiny", "seed": 0}
+    return cfg
+
+
+def test_export_in_bf16(tmp_path, adapter):
+    """Issue 16, item 6: the export's weights in the dtype asked for."""
+    from safetensors import safe_open
+
+    out = run_export(_cfg(tmp_path, adapter, dtype="bfloat16"))
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}  # noqa: SIM118
+    assert dtypes == {"BF16"}
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_export_adapter_only(tmp_path, adapter, tiny_model_dir):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = run_export(_cfg(tmp_path, adapter, adapter_only=True))
+    assert (out / "adapter_config.json").exists() and not (out / "model.safetensors").exists()
+    assert AutoTokenizer.from_pretrained(out).chat_template == acmrl_chat_template()
+    card = (out / "README.md").read_text()
+    assert "a LoRA adapter of" in card and f"base_model: {tiny_model_dir}" in card
+    ids = AutoTokenizer.from_pretrained(out).encode("Where was the Amber Kite Fair held?")
+    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), out)
+    trained = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), adapter
+    )
+    assert torch.allclose(_logits(loaded, ids), _logits(trained, ids), atol=1e-5)
+    with pytest.raises(ValueError, match="not an adapter folder"):
+        run_export(_cfg(tmp_path, tiny_model_dir, adapter_only=True))
+
+
+def test_push_to_hub_uploads_the_finished_folder(tmp_path, adapter, monkeypatch):
+    """The upload itself cannot run here (no network): the Hub client is replaced by a recorder,
+    and the test checks what it is handed, up to the prepared folder."""
+    import huggingface_hub
+
+    from acmrl.config import ConfigError
+
+    calls = []
+
+    class Recorder:
+        def create_repo(self, repo_id, private, exist_ok):
+            calls.append(("create", repo_id, private))
+            return f"https://huggingface.co/{repo_id}"
+
+        def upload_folder(self, folder_path, repo_id, commit_message):
+            files = sorted(p.name for p in __import__("pathlib").Path(folder_path).iterdir())
+            calls.append(("upload", folder_path, repo_id, files))
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", Recorder)
+    out = run_export(_cfg(tmp_path, adapter, push_to_hub=True, hub_repo_id="me/acm-policy"))
+    assert calls[0] == ("create", "me/acm-policy", True)
+    kind, folder, repo, files = calls[1]
+    assert (kind, folder, repo) == ("upload", str(out), "me/acm-policy")
+    assert {"model.safetensors", "README.md", "acmrl.json", "config.json"} <= set(files)
+    with pytest.raises(ConfigError, match="hub_repo_id"):
+        ExportConfig(push_to_hub=True).check()

@@ -52,7 +52,9 @@ def _eval_table(eval_dir: str | None) -> str:
     return report.read_text().strip()
 
 
-def model_card(spec: dict[str, Any], source: str, base: str | None, eval_table: str) -> str:
+def model_card(
+    spec: dict[str, Any], source: str, base: str | None, eval_table: str, adapter: bool = False
+) -> str:
     tools = json.dumps(spec["tools"], indent=2)
     front = ["---", "library_name: transformers", "tags: [acmrl, agent, context-management]"]
     if base:
@@ -65,7 +67,13 @@ def model_card(spec: dict[str, Any], source: str, base: str | None, eval_table: 
             f"# acmrl policy: `{spec['arm']}` agent on `{spec['env']}`",
             "",
             f"Exported by `acmrl export` from `{source}`"
-            + (f" (adapter merged into `{base}`)." if base else "."),
+            + (
+                f": a LoRA adapter of `{base}` (load the base, then `PeftModel.from_pretrained`)."
+                if adapter
+                else f" (adapter merged into `{base}`)."
+                if base
+                else "."
+            ),
             "The agent manages its own context within a budget of "
             f"{spec['max_context_tokens']} tokens (system prompt and tool definitions included).",
             "",
@@ -106,6 +114,20 @@ def _first_prompt(tok: Any, spec: dict[str, Any]) -> list[int]:
     return renderer.ids([user(spec["example_task"])])
 
 
+DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def push_folder(folder: Path, repo_id: str, private: bool) -> str:
+    """Upload an export folder to the Hub (``huggingface_hub``; the token from ``HF_TOKEN`` or
+    the cached login); returns the repository's URL."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    url = api.create_repo(repo_id, private=private, exist_ok=True)
+    api.upload_folder(folder_path=str(folder), repo_id=repo_id, commit_message="acmrl export")
+    return str(url)
+
+
 def run_export(cfg: ExportConfig) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
@@ -114,8 +136,18 @@ def run_export(cfg: ExportConfig) -> Path:
 
     spec = agent_spec(cfg)
     eval_table = _eval_table(cfg.eval_dir)
+    source = Path(resolve_model(cfg.model.name))
+    base = adapter_base(str(source))
+    if cfg.adapter_only:
+        if base is None:
+            raise ValueError(
+                f"adapter_only: {cfg.model.name!r} is not an adapter folder (no "
+                "adapter_config.json); export it merged"
+            )
+        return _export_adapter(cfg, spec, source, base, eval_table)
     model, tok, _ = load_start_model(cfg.model)
-    base = adapter_base(resolve_model(cfg.model.name))
+    if cfg.dtype != "auto":
+        model = model.to(getattr(torch, DTYPES[cfg.dtype]))
     tok.chat_template = Renderer(tok).chat_template
     gen = model.generation_config
     # generation stops at the end of the assistant's turn (<|im_end|> in the ChatML template)
@@ -133,8 +165,11 @@ def run_export(cfg: ExportConfig) -> Path:
     (tmp / "export_config.json").write_text(json.dumps(to_dict(cfg), indent=1, default=str))
 
     # the reloaded folder must compute what the trained model computes
+    # (in float32 on both sides: the saved weights must be exactly the ones in memory, whatever
+    # the export dtype; a 16-bit forward alone would differ by its own rounding)
+    model = model.float()
     ids = torch.tensor([_first_prompt(tok, spec)], device=model.device)
-    reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=model.dtype).to(model.device)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).to(model.device)
     with torch.no_grad():
         want = model(input_ids=ids).logits[0, -1].float()
         got = reloaded(input_ids=ids).logits[0, -1].float()
@@ -144,7 +179,60 @@ def run_export(cfg: ExportConfig) -> Path:
             f"export check failed: the reloaded model's logits differ by {diff:.3g} "
             f"(> {cfg.max_logit_diff}); {tmp} is kept for inspection, {out} is untouched"
         )
+    _publish(tmp, out, cfg)
+    return out
+
+
+def _publish(tmp: Path, out: Path, cfg: ExportConfig) -> None:
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
+    if cfg.push_to_hub:
+        assert cfg.hub_repo_id is not None
+        url = push_folder(out, cfg.hub_repo_id, cfg.hub_private)
+        print(f"pushed {out} to {url}")
+
+
+def _export_adapter(
+    cfg: ExportConfig, spec: dict[str, Any], source: Path, base: str, eval_table: str
+) -> Path:
+    """The adapter itself (not merged), its tokenizer with the agent's chat template, the spec
+    and the card; checked by loading base + exported adapter against the trained policy."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from acmrl.models import resolve_model
+
+    out = Path(cfg.output)
+    tmp = out.parent / f".tmp-{out.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in source.iterdir():
+        if f.is_file() and (f.name.startswith("adapter_") or f.name.startswith("acmrl_")):
+            shutil.copy2(f, tmp / f.name)
+    tok = AutoTokenizer.from_pretrained(
+        source if (source / "tokenizer_config.json").exists() else resolve_model(base)
+    )
+    tok.chat_template = Renderer(tok).chat_template
+    tok.save_pretrained(tmp)
+    (tmp / "acmrl.json").write_text(
+        json.dumps({**spec, "source": cfg.model.name, "adapter_of": base}, indent=1)
+    )
+    (tmp / "README.md").write_text(model_card(spec, cfg.model.name, base, eval_table, adapter=True))
+    (tmp / "export_config.json").write_text(json.dumps(to_dict(cfg), indent=1, default=str))
+    merged, _, _ = load_start_model(cfg.model)  # the trained policy (base + adapter, merged)
+    base_model = AutoModelForCausalLM.from_pretrained(resolve_model(base), dtype=merged.dtype)
+    reloaded = PeftModel.from_pretrained(base_model, tmp)
+    ids = torch.tensor([_first_prompt(tok, spec)], device=merged.device)
+    with torch.no_grad():
+        want = merged(input_ids=ids).logits[0, -1].float()
+        got = reloaded(input_ids=ids).logits[0, -1].float()
+    diff = float((want - got).abs().max())
+    if diff > cfg.max_logit_diff:
+        raise ValueError(
+            f"export check failed: base + exported adapter differs from the trained policy by "
+            f"{diff:.3g} (> {cfg.max_logit_diff}); {tmp} is kept for inspection"
+        )
+    _publish(tmp, out, cfg)
     return out
