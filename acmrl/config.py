@@ -72,6 +72,9 @@ def _describe(tp: Any) -> str:
     )
 
 
+_FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
 def _convert(value: Any, tp: Any, where: str) -> Any:
     """Check ``value`` against the annotation ``tp`` and convert it (dicts into dataclasses)."""
     origin = get_origin(tp)
@@ -116,6 +119,9 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"{where}: got {value!r}, expected an integer")
         return value
     if tp is float:
+        if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
+            # YAML 1.1 reads 5e-5 (no dot) as a string; it is a number to anyone writing it
+            return float(value)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{where}: got {value!r}, expected a number")
         return float(value)

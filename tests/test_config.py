@@ -135,3 +135,13 @@ def test_cli_help_does_not_import_torch():
 def test_override_below_a_value_is_refused():
     with pytest.raises(ConfigError, match=r"'sampling.stop' is not a section"):
         load_config(GenerateConfig, None, ["sampling.stop=[a]", "sampling.stop.x=3"])
+
+
+def test_exponent_floats_without_a_dot_are_numbers():
+    """YAML 1.1 reads `5e-5` as a string; an override optim.lr=5e-5 still means 5e-5."""
+    from acmrl.config import ConfigError, SFTConfig, load_config
+
+    assert load_config(SFTConfig, None, ["optim.lr=5e-5"]).optim.lr == 5e-5
+    assert load_config(SFTConfig, None, ["optim.lr=1E-4"]).optim.lr == 1e-4
+    with pytest.raises(ConfigError, match="expected a number"):
+        load_config(SFTConfig, None, ["optim.lr=fast"])
