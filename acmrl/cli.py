@@ -48,6 +48,20 @@ Overrides = Annotated[
 
 
 Resume = Annotated[bool, typer.Option("--resume", help="continue from the latest checkpoint")]
+AutoResume = Annotated[
+    bool,
+    typer.Option(
+        "--auto-resume",
+        help="continue from the latest checkpoint if there is one, else start (requeued jobs)",
+    ),
+]
+ResumeFrom = Annotated[
+    Path | None,
+    typer.Option(
+        "--resume-from",
+        help="continue from this checkpoint folder (or the newest checkpoint of this run folder)",
+    ),
+]
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -184,32 +198,53 @@ def annotate(
     config: ConfigOpt = None,
     overrides: Overrides = None,
     shard: Annotated[str | None, typer.Option("--shard", help="this job's part, i/n")] = None,
+    no_dataset: Annotated[
+        bool,
+        typer.Option("--no-dataset", help="record this shard's tasks only; --merge builds it"),
+    ] = False,
+    merge: Annotated[
+        int | None,
+        typer.Option(
+            "--merge",
+            min=1,
+            help="build the dataset of an N-shard run once every shard has all its tasks",
+        ),
+    ] = None,
 ) -> None:
     """Student runs, teacher edits, resumed runs -> a Hugging Face dataset (sharded, resumable)."""
-    cfg = _load(
-        AnnotateConfig, config, [*(overrides or []), *([f"shard={shard}"] if shard else [])]
-    )
+    extra = [
+        *([f"shard={shard}"] if shard else []),
+        *(["build_dataset=false"] if no_dataset else []),
+    ]
+    cfg = _load(AnnotateConfig, config, [*(overrides or []), *extra])
     from acmrl.engines.base import EngineError
     from acmrl.envs import EnvError
     from acmrl.models import ModelError
-    from acmrl.teacher.annotate import run_annotate
+    from acmrl.teacher.annotate import merge_shards, run_annotate
 
     try:
-        stats = run_annotate(cfg)
+        stats = merge_shards(cfg, merge) if merge else run_annotate(cfg)
     except (EnvError, ModelError, EngineError, ValueError) as exc:
         fail(str(exc))
     for key, value in stats.items():
         typer.echo(f"{key}: {value}")
-    typer.echo(f"dataset: {cfg.output}/dataset (card: {cfg.output}/README.md)")
+    if merge or cfg.build_dataset:
+        typer.echo(f"dataset: {cfg.output}/dataset (card: {cfg.output}/README.md)")
+    else:
+        typer.echo(f"records: {cfg.output}/records-{cfg.shard.replace('/', '-of-')}.jsonl")
 
 
 def _trained(result: dict, label: str, series: list[float], final: str | None, out: str) -> None:
-    """The closing lines of a training command, one per process."""
+    """The closing lines of a training command, one per process; a run stopped by SIGTERM or
+    SIGUSR1 (after saving its checkpoint) exits with 128 + the signal number."""
     series = series or [float("nan")]
     typer.echo(
         f"process {result['rank']} of {result['processes']}: steps {result['steps']}; "
         f"{label} first {series[0]:.4f}, last {series[-1]:.4f}"
     )
+    if result.get("interrupted") is not None:
+        typer.echo(f"stopped by signal {result['interrupted']}: resume with --resume ({out})")
+        raise typer.Exit(result["exit_code"])
     typer.echo(f"model: {final} (checkpoints: {out}/checkpoints)")
 
 
@@ -218,6 +253,8 @@ def sft(
     config: ConfigOpt = None,
     overrides: Overrides = None,
     resume: Resume = False,
+    auto_resume: AutoResume = False,
+    resume_from: ResumeFrom = None,
 ) -> None:
     """Supervised fine-tuning on a teacher-annotated dataset (LoRA or full; checkpoints, --resume)."""
     cfg = _load(SFTConfig, config, overrides)
@@ -225,7 +262,7 @@ def sft(
     from acmrl.train.sft import run_sft
 
     try:
-        result = run_sft(cfg, resume=resume)
+        result = run_sft(cfg, resume="auto" if auto_resume else resume, resume_from=resume_from)
     except (ModelError, ValueError) as exc:
         fail(str(exc))
     _trained(result, "loss", result["losses"], f"{cfg.output}/final", cfg.output)
@@ -236,6 +273,8 @@ def grpo(
     config: ConfigOpt = None,
     overrides: Overrides = None,
     resume: Resume = False,
+    auto_resume: AutoResume = False,
+    resume_from: ResumeFrom = None,
 ) -> None:
     """Online GRPO on task success minus compaction cost (rollouts share the trained weights)."""
     cfg = _load(GRPOConfig, config, overrides)
@@ -244,7 +283,7 @@ def grpo(
     from acmrl.train.grpo import run_grpo
 
     try:
-        result = run_grpo(cfg, resume=resume)
+        result = run_grpo(cfg, resume="auto" if auto_resume else resume, resume_from=resume_from)
     except (EnvError, ModelError, ValueError) as exc:
         fail(str(exc))
     _trained(result, "mean reward", result["rewards"], result["final"], cfg.output)

@@ -545,6 +545,9 @@ class AnnotateConfig:
     concurrency: int = option(8, "student episodes in flight at once", min=1)
     output: str = option("runs/annotate", "folder: records, the dataset, parquet files, the card")
     shard: str = option("0/1", "this job's part of the tasks, i/n (tasks i, i+n, i+2n, ...)")
+    build_dataset: bool = option(
+        True, "build the dataset when this shard is done (false in a job array: the merge does)"
+    )
     weights: WeightsConfig = section(
         WeightsConfig, "SFT weights of the samples (a rerun rebuilds the dataset with new ones)"
     )
@@ -616,6 +619,9 @@ class SFTConfig:
     seed: int = option(0, "data order and initialisation seed", min=0)
     output: str = option("runs/sft", "folder: checkpoints, the final model, TensorBoard logs")
     save_every: int = option(50, "checkpoint every N steps (and at the end)", min=1)
+    save_total_limit: int | None = option(
+        None, "keep only the newest N checkpoints (null: all)", min=1
+    )
     log_with: list[str] = option(["tensorboard"], "trackers: tensorboard, wandb, mlflow")
 
 
@@ -685,6 +691,9 @@ class GRPOConfig:
     seed: int = option(0, "task order and sampling seed", min=0)
     output: str = option("runs/grpo", "folder: checkpoints, rollouts, final model, TensorBoard")
     save_every: int = option(10, "checkpoint every N steps (and at the end)", min=1)
+    save_total_limit: int | None = option(
+        None, "keep only the newest N checkpoints (null: all)", min=1
+    )
     save_rollouts: bool = option(True, "append every rollout to rollouts-rank<i>.jsonl")
     log_with: list[str] = option(["tensorboard"], "trackers: tensorboard, wandb, mlflow")
 

@@ -218,6 +218,29 @@ def test_shards_combine_and_a_killed_shard_resumes(tiny, tmp_path):
     assert stats["student_trajectories"] == 8
 
 
+def test_merge_builds_once_every_shard_is_complete(tiny, tmp_path):
+    """A job array's shards record only (build_dataset=false); --merge refuses a shard that is
+    short of tasks or records of another sharding, and ignores a line still being written."""
+    from datasets import load_from_disk
+
+    from acmrl.teacher.annotate import merge_shards
+
+    eng = student(tiny.tokenizer)
+    run_annotate(config(tmp_path, shard="0/2", build_dataset=False), engine=eng)
+    assert not (tmp_path / "ann" / "dataset").exists()
+    with pytest.raises(ValueError, match=r"shard 1/2 recorded 0 of 2 tasks"):
+        merge_shards(config(tmp_path), 2)
+    run_annotate(config(tmp_path, shard="1/2", build_dataset=False), engine=eng)
+    with (tmp_path / "ann" / "records-1-of-2.jsonl").open("a") as f:
+        f.write('{"task_id": "half-writt')  # a shard killed mid-line, or still writing
+    stats = merge_shards(config(tmp_path), 2)
+    assert stats["student_trajectories"] == 8
+    assert len(set(load_from_disk(f"{tmp_path}/ann/dataset")["trajectories"]["task_id"])) == 4
+    (tmp_path / "ann" / "records-0-of-1.jsonl").write_text("")
+    with pytest.raises(ValueError, match=r"records-0-of-1\.jsonl .* another sharding"):
+        merge_shards(config(tmp_path), 2)
+
+
 def test_teacher_topk_logprobs_on_the_compacted_view(tiny, tiny_model_dir, tmp_path):
     from datasets import load_from_disk
 

@@ -136,6 +136,35 @@ def test_grpo_resume_reproduces_the_uninterrupted_run(tmp_path, peaked_model, ta
     assert [r["reward/mean"] for r in rows] == full["rewards"]
 
 
+def test_sigusr1_saves_the_step_and_resume_is_exact(tmp_path, peaked_model, target):
+    """A real SIGUSR1 (Slurm's --signal) during step 2's rollouts: step 2 finishes, is saved,
+    the run returns interrupted (exit code 138 in the CLI); --resume matches the full run."""
+    import os
+    import signal
+
+    class Signalled(TargetEnv):
+        started = 0
+
+        def session(self, task):
+            Signalled.started += 1
+            if Signalled.started == 9:  # the first episode of step 2 (2 tasks x 4 per step)
+                os.kill(os.getpid(), signal.SIGUSR1)
+            return super().session(task)
+
+    kw = dict(optim__max_steps=4, save_every=10, lora__r=4, group_size=4, skip_flat_groups=False)
+    full = run_grpo(config(tmp_path / "a", peaked_model, target, **kw), env=TargetEnv(target))
+    cfg = config(tmp_path / "b", peaked_model, target, **kw)
+    part = run_grpo(cfg, env=Signalled(target))
+    assert part["interrupted"] == signal.SIGUSR1 and part["exit_code"] == 138
+    assert part["steps"] == 2 and part["final"] is None
+    assert latest_checkpoint(cfg.output).name == "step-000002"
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the handler is restored
+    resumed = run_grpo(cfg, resume=True, env=TargetEnv(target))
+    assert resumed["steps"] == 4 and resumed["interrupted"] is None
+    assert resumed["losses"] == pytest.approx(full["losses"], rel=1e-4, abs=1e-6)
+    assert resumed["rewards"] == full["rewards"]
+
+
 def test_learning_curves_from_stage_evals_and_grpo_metrics(tmp_path):
     """curves.md holds a row per stage and arm; grpo.png plots the per-step history."""
     from acmrl.eval.curves import write_curves

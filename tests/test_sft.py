@@ -127,3 +127,81 @@ def test_several_datasets_train_as_one(tmp_path, dataset, tiny_model_dir):
     cfg.dataset = [str(dataset), str(tmp_path / "missing")]
     with pytest.raises(ValueError, match="missing"):
         load_samples(cfg)
+
+
+def test_save_total_limit_keeps_the_newest_checkpoints(tmp_path, dataset, tiny_model_dir):
+    cfg = config(tmp_path, dataset, tiny_model_dir, max_steps=4)
+    cfg.save_every, cfg.save_total_limit = 1, 2
+    run_sft(cfg)
+    names = sorted(p.name for p in (tmp_path / "sft" / "checkpoints").iterdir())
+    assert names == ["step-000003", "step-000004"]
+
+
+def test_resume_from_a_checkpoint_and_a_changed_config_is_refused(
+    tmp_path, dataset, tiny_model_dir
+):
+    full = run_sft(config(tmp_path / "a", dataset, tiny_model_dir))["losses"]
+    ckpt = tmp_path / "a" / "sft" / "checkpoints" / "step-000003"
+    # another output folder continues from run a's step 3: the same losses from step 4 on
+    other = run_sft(config(tmp_path / "b", dataset, tiny_model_dir), resume_from=ckpt)
+    assert other["losses"] == pytest.approx(full, rel=1e-4, abs=1e-5)
+    assert (tmp_path / "b" / "sft" / "config.yaml").is_file()
+    changed = config(tmp_path / "c", dataset, tiny_model_dir, lr=1e-3)
+    changed.lora.r = 8
+    with pytest.raises(ValueError, match=r"lora\.r: 4 -> 8; optim\.lr: 0\.005 -> 0\.001"):
+        run_sft(changed, resume_from=tmp_path / "a" / "sft")
+    longer = config(tmp_path / "a", dataset, tiny_model_dir, max_steps=7)  # may change
+    assert run_sft(longer, resume=True)["steps"] == 7
+
+
+def test_sigterm_saves_and_resume_matches_the_uninterrupted_run(tmp_path, dataset, tiny_model_dir):
+    """A real SIGTERM to `acmrl train sft`: it saves a checkpoint after the current step and
+    exits with 143; --resume then gives the losses of the run that was never stopped."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from acmrl.config import load_config
+
+    def overrides(out: Path) -> list[str]:
+        return [
+            f"dataset={dataset}",
+            f"model.name={tiny_model_dir}",
+            f"output={out}",
+            "lora.r=4",
+            "optim.max_steps=40",
+            "optim.batch_tokens=2048",
+            "optim.lr=5e-3",
+            "save_every=100",
+            "log_with=[]",
+        ]
+
+    full = run_sft(load_config(SFTConfig, None, overrides(tmp_path / "full")))["losses"]
+    out = tmp_path / "stopped"
+    cli = Path(sys.executable).parent / "acmrl"
+    proc = subprocess.Popen(
+        [str(cli), "train", "sft", *overrides(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    log, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, log
+    ckpt = latest_checkpoint(out)
+    stopped_at = json.loads((ckpt / "trainer_state.json").read_text())["step"]
+    assert 2 <= stopped_at < 40, log
+    assert "stopped by signal 15" in log
+    assert not (out / "final").exists()
+    resumed = run_sft(load_config(SFTConfig, None, overrides(out)), resume=True)
+    assert resumed["steps"] == 40
+    assert resumed["losses"] == pytest.approx(full, rel=1e-4, abs=1e-5)

@@ -24,7 +24,7 @@ from acmrl.rollout.records import Trajectory
 from acmrl.rollout.run import make_engine
 from acmrl.rollout.worker import JsonlLog, run_episodes
 from acmrl.teacher.assessment import Assessment, seen_text, validate
-from acmrl.teacher.dataset import build_dataset
+from acmrl.teacher.dataset import build_dataset, read_records
 from acmrl.teacher.demonstrate import demonstrate
 from acmrl.teacher.llm import LLMTeacher
 from acmrl.teacher.oracle import OracleTeacher
@@ -242,7 +242,34 @@ def run_annotate(cfg: AnnotateConfig, engine: Engine | None = None) -> dict[str,
                     progress.advance(bar)
     finally:
         log.close()
+    if not cfg.build_dataset:
+        return {"shard": cfg.shard, "tasks": len(tasks), "annotated now": len(todo)}
     _, stats = build_dataset(out, sample_weights(cfg))
+    return stats
+
+
+def merge_shards(cfg: AnnotateConfig, n: int) -> dict[str, Any]:
+    """Build the dataset of an ``n``-shard run (a job array's merge step): every shard must have
+    recorded all of its tasks, and no records of another sharding may lie beside them."""
+    env = load(cfg.env.name, **cfg.env.options)
+    every = env.tasks(cfg.env.split)[: cfg.env.limit]
+    out = Path(cfg.output)
+    paths = [out / f"records-{i}-of-{n}.jsonl" for i in range(n)]
+    others = sorted(set(out.glob("records-*.jsonl")) - set(paths))
+    if others:
+        raise ValueError(
+            f"--merge {n}: {', '.join(p.name for p in others)} in {out} are from another "
+            "sharding; move them away or merge with that number of shards"
+        )
+    short = []
+    for i, path in enumerate(paths):
+        want = {t.id for t in every[i::n]}
+        done = {r["task_id"] for r in read_records(out, [path])} if path.exists() else set()
+        if want - done:
+            short.append(f"shard {i}/{n} recorded {len(want & done)} of {len(want)} tasks")
+    if short:
+        raise ValueError(f"--merge {n}: " + "; ".join(short) + " (rerun those shards: they resume)")
+    _, stats = build_dataset(out, sample_weights(cfg), paths)
     return stats
 
 

@@ -9,14 +9,19 @@ Two tables:
   (:mod:`acmrl.train.samples`): token ids as the student saw and wrote them after any
   compaction, loss mask, token origin, old logprobs, weight.
 
-It is rebuilt from every ``records-*.jsonl`` in the output folder, so the shards of a sharded run
-combine into one dataset, saved with ``save_to_disk`` (published by one rename), exported to
-Parquet, and described by a dataset card with the counts.
+It is rebuilt from every ``records-*.jsonl`` in the output folder (or the files given), so the
+shards of a sharded run combine into one dataset, saved with ``save_to_disk`` (published by one
+rename), exported to Parquet, and described by a dataset card with the counts. Builds by
+concurrent shards take turns (a lock file) and each writes its own temporary folder; a record a
+running shard is still writing (a line without its newline) is left for the next build.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -26,12 +31,25 @@ from acmrl.rollout.records import Trajectory
 from acmrl.train.samples import POLICY, TEACHER, SampleWeights, trajectory_samples
 
 
-def read_records(out: Path) -> list[dict[str, Any]]:
+def read_records(out: Path, paths: list[Path] | None = None) -> list[dict[str, Any]]:
+    """The complete records of ``paths`` (default: every ``records-*.jsonl`` under ``out``)."""
     records = []
-    for path in sorted(out.glob("records-*.jsonl")):
-        with path.open(encoding="utf-8") as f:
-            records += [json.loads(line) for line in f if line.strip()]
+    for path in paths if paths is not None else sorted(out.glob("records-*.jsonl")):
+        data = path.read_bytes()
+        data = data[: data.rfind(b"\n") + 1]  # a line still being written is not a record yet
+        records += [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
     return records
+
+
+@contextlib.contextmanager
+def _build_lock(out: Path):
+    """One dataset build at a time in ``out`` (shards finishing together take turns)."""
+    with (out / ".dataset.lock").open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _row(traj: Trajectory, role: str, a: dict[str, Any] | None, n_samples: int) -> dict[str, Any]:
@@ -60,17 +78,24 @@ def _row(traj: Trajectory, role: str, a: dict[str, Any] | None, n_samples: int) 
 
 
 def build_dataset(
-    out: str | Path, weights: SampleWeights | None = None
+    out: str | Path, weights: SampleWeights | None = None, paths: list[Path] | None = None
 ) -> tuple[Any, dict[str, Any]]:
     """Rebuild ``out/dataset`` (and Parquet files and the card) from the records; returns the
     DatasetDict and the card's counts. Every trajectory's samples include its summariser and
     querier calls (a demonstration's notes are the teacher's), weighted per token by
-    ``weights`` (:mod:`acmrl.train.samples`)."""
+    ``weights`` (:mod:`acmrl.train.samples`). ``paths``: these records files only."""
+    out = Path(out)
+    with _build_lock(out):
+        return _build(out, weights, paths)
+
+
+def _build(
+    out: Path, weights: SampleWeights | None, paths: list[Path] | None
+) -> tuple[Any, dict[str, Any]]:
     from datasets import Dataset, DatasetDict
 
-    out = Path(out)
     traj_rows, sample_rows = [], []
-    for rec in read_records(out):
+    for rec in read_records(out, paths):
         by_source = {a["source"]: a for a in rec["assessments"]}
         for role, key in (
             ("student", "trajectories"),
@@ -98,16 +123,23 @@ def build_dataset(
     ds = DatasetDict(
         {"trajectories": Dataset.from_list(traj_rows), "samples": Dataset.from_list(sample_rows)}
     )
-    tmp, final = out / ".dataset.tmp", out / "dataset"
+    tmp, final = out / f".dataset.tmp-{os.getpid()}", out / "dataset"
     shutil.rmtree(tmp, ignore_errors=True)
     ds.save_to_disk(str(tmp))
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+    old = out / f".dataset.old-{os.getpid()}"
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
     (out / "parquet").mkdir(exist_ok=True)
     for split in ds:
-        ds[split].to_parquet(str(out / "parquet" / f"{split}.parquet"))
+        part = out / "parquet" / f".{split}.parquet.tmp-{os.getpid()}"
+        ds[split].to_parquet(str(part))
+        os.replace(part, out / "parquet" / f"{split}.parquet")
     stats = card_stats(traj_rows, sample_rows)
-    (out / "README.md").write_text(card(stats))
+    card_tmp = out / f".README.md.tmp-{os.getpid()}"
+    card_tmp.write_text(card(stats))
+    os.replace(card_tmp, out / "README.md")
     return ds, stats
 
 

@@ -76,6 +76,22 @@ def save_checkpoint(
     return final
 
 
+def prune_checkpoints(root: str | Path, keep: int | None) -> list[Path]:
+    """Delete all but the newest ``keep`` complete checkpoints (None keeps every one); returns
+    the deleted folders. A checkpoint is removed only after a newer one is complete."""
+    ckpts = Path(root) / "checkpoints"
+    if keep is None or not ckpts.exists():
+        return []
+    done = sorted(p for p in ckpts.glob("step-*") if (p / STATE).exists())
+    old = done[: max(0, len(done) - keep)]
+    for path in old:
+        # renamed first, so a kill half-way never leaves a half-deleted "complete" checkpoint
+        doomed = path.with_name(f".del-{path.name}")
+        os.replace(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+    return old
+
+
 def latest_checkpoint(root: str | Path) -> Path | None:
     ckpts = Path(root) / "checkpoints"
     done = sorted(p for p in ckpts.glob("step-*") if (p / STATE).exists()) if ckpts.exists() else []

@@ -83,8 +83,8 @@ from acmrl.rollout.records import Trajectory
 from acmrl.rollout.run import make_episode
 from acmrl.rollout.worker import JsonlLog, episode_id, run_episodes
 from acmrl.train.checkpoint import (
-    latest_checkpoint,
     load_training_state,
+    prune_checkpoints,
     rng_state,
     save_checkpoint,
 )
@@ -98,6 +98,7 @@ from acmrl.train.common import (
     save_policy,
 )
 from acmrl.train.loss import entropy, group_advantages, grpo_loss, target_logprobs
+from acmrl.train.runs import Preemption, start_run
 from acmrl.train.samples import Sample, trajectory_samples
 
 
@@ -252,14 +253,17 @@ class GRPOTrainer:
     """The state of one GRPO run; :func:`run_grpo` drives it."""
 
     def __init__(
-        self, cfg: GRPOConfig, *, resume: bool = False, env: Environment | None = None
+        self,
+        cfg: GRPOConfig,
+        *,
+        resume: bool | str = False,
+        resume_from: str | Path | None = None,
+        env: Environment | None = None,
     ) -> None:
         torch.manual_seed(cfg.seed)
         self.cfg = cfg
         self.out = Path(cfg.output)
-        ckpt = latest_checkpoint(self.out) if resume else None
-        if resume and ckpt is None:
-            raise ValueError(f"--resume: no complete checkpoint under {self.out}/checkpoints")
+        ckpt = start_run(cfg, resume=resume, resume_from=resume_from)
         self.env = env or load(cfg.env.name, **cfg.env.options)
         self.tasks = self.env.tasks(cfg.env.split)[: cfg.env.limit]
         if not self.tasks:
@@ -577,6 +581,7 @@ class GRPOTrainer:
                 },
                 rng_ranks,
             )
+            prune_checkpoints(self.out, self.cfg.save_total_limit)
         self.acc.wait_for_everyone()
 
     def save_final(self) -> Path:
@@ -594,13 +599,16 @@ class GRPOTrainer:
 def run_grpo(
     cfg: GRPOConfig,
     *,
-    resume: bool = False,
+    resume: bool | str = False,
+    resume_from: str | Path | None = None,
     stop_after: int | None = None,
     env: Environment | None = None,
 ) -> dict[str, Any]:
-    """Train; ``stop_after`` ends the run early after that many steps (tests of ``--resume``).
+    """Train; ``resume`` / ``resume_from`` continue a run (acmrl/train/runs.py); SIGTERM or
+    SIGUSR1 saves a checkpoint after the current step and returns with ``interrupted`` set.
+    ``stop_after`` ends the run early after that many steps (tests of ``--resume``).
     ``env`` replaces the configured environment (tests and library use)."""
-    trainer = GRPOTrainer(cfg, resume=resume, env=env)
+    trainer = GRPOTrainer(cfg, resume=resume, resume_from=resume_from, env=env)
     acc = trainer.acc
     if cfg.log_with:
         acc.init_trackers("acmrl-grpo", config={k: str(v) for k, v in to_dict(cfg).items()})
@@ -611,6 +619,7 @@ def run_grpo(
     progress = progress_bar("grpo", acc.is_main_process)
     bar = progress.add_task("grpo", total=cfg.optim.max_steps, completed=step, info="")
     progress.start()
+    stop = Preemption().start()
     try:
         while step < cfg.optim.max_steps:
             metrics = trainer.step(step)
@@ -627,14 +636,23 @@ def run_grpo(
                 info=f"reward {metrics['reward/mean']:.3f} "
                 f"success {metrics['rollout/success']:.2f} loss {losses[-1]:.4f}",
             )
-            if step % cfg.save_every == 0 or step == cfg.optim.max_steps:
+            preempted = stop.requested(acc)
+            if step % cfg.save_every == 0 or step == cfg.optim.max_steps or preempted:
                 trainer.save(step)
-            if stop_after is not None and step >= stop_after:
+            if preempted or (stop_after is not None and step >= stop_after):
                 break
     finally:
+        stop.close()
         progress.stop()
         if trainer.log is not None:
             trainer.log.close()
+    interrupted = stop.signum if step < cfg.optim.max_steps else None
+    if interrupted is not None:
+        print(
+            f"grpo: signal {interrupted} received; checkpoint at step {step} saved, stopping "
+            "(continue with --resume)",
+            flush=True,
+        )
     final = trainer.save_final() if step == cfg.optim.max_steps else None
     acc.end_training()
     return {
@@ -645,4 +663,6 @@ def run_grpo(
         "final": str(final) if final else None,
         "processes": acc.num_processes,
         "rank": acc.process_index,
+        "interrupted": interrupted,
+        "exit_code": stop.exit_code() if interrupted is not None else 0,
     }

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from acmrl.config import SFTConfig, to_dict
-from acmrl.train.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
+from acmrl.train.checkpoint import load_training_state, prune_checkpoints, save_checkpoint
 from acmrl.train.common import (
     MetricsLog,
     build_model,
@@ -32,6 +32,7 @@ from acmrl.train.common import (
     save_policy,
 )
 from acmrl.train.loss import sft_loss, target_logprobs, topk_kl_at
+from acmrl.train.runs import Preemption, start_run
 
 
 def load_samples(cfg: SFTConfig) -> list[dict[str, Any]]:
@@ -132,14 +133,19 @@ def sft_topk_kl(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.T
 
 
 def run_sft(
-    cfg: SFTConfig, *, resume: bool = False, stop_after: int | None = None
+    cfg: SFTConfig,
+    *,
+    resume: bool | str = False,
+    resume_from: str | Path | None = None,
+    stop_after: int | None = None,
 ) -> dict[str, Any]:
-    """Train; ``stop_after`` ends the process-like run early after that many steps (tests)."""
+    """Train; ``resume`` continues from the newest checkpoint under ``output``, ``resume_from``
+    from a given checkpoint or run folder (acmrl/train/runs.py). SIGTERM or SIGUSR1 saves a
+    checkpoint after the current step and returns with ``interrupted`` set to the signal.
+    ``stop_after`` ends the run early after that many steps (tests)."""
     torch.manual_seed(cfg.seed)
     out = Path(cfg.output)
-    ckpt = latest_checkpoint(out) if resume else None
-    if resume and ckpt is None:
-        raise ValueError(f"--resume: no complete checkpoint under {out}/checkpoints")
+    ckpt = start_run(cfg, resume=resume, resume_from=resume_from)
     samples = load_samples(cfg)
     acc = make_accelerator(cfg.optim.mixed_precision, cfg.log_with, str(out))
     model, tok, _ = build_model(cfg, ckpt)
@@ -162,52 +168,66 @@ def run_sft(
     progress = progress_bar("sft", acc.is_main_process)
     bar = progress.add_task("sft", total=cfg.optim.max_steps, completed=step, info="")
     progress.start()
-    while step < cfg.optim.max_steps:
-        if pos >= len(batches):
-            epoch, pos = epoch + 1, 0
-            batches = epoch_batches(samples, epoch, cfg)[acc.process_index :: acc.num_processes]
-        batch = collate([samples[i] for i in batches[pos]], cfg.max_len, pad, acc.device)
-        lp, logits = target_logprobs(
-            model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
-        )
-        nll = sft_loss(lp, batch["loss_mask"], batch["weights"])
-        use_kl = cfg.kl_coef and "topk_ids" in batch
-        kl = sft_topk_kl(logits, batch) if use_kl else torch.zeros(())
-        loss = nll + cfg.kl_coef * kl
-        acc.backward(loss)
-        if cfg.optim.max_grad_norm:
-            acc.clip_grad_norm_(params, cfg.optim.max_grad_norm)
-        opt.step()
-        sched.step()
-        opt.zero_grad()
-        step, pos = step + 1, pos + 1
-        losses.append(float(loss.detach()))
-        tokens = int(batch["attention_mask"].sum())
-        logged = {
-            "loss": losses[-1],
-            "nll": float(nll.detach()),
-            "kl": float(kl.detach()),
-            "lr": sched.get_last_lr()[0],
-            "target_tokens": int(batch["loss_mask"].sum()),
-            "tokens_per_s": tokens / max(1e-9, time.perf_counter() - t0),
-        }
-        acc.log(logged, step=step)
-        if history is not None:
-            history.write(step, logged)
-        t0 = time.perf_counter()
-        progress.update(bar, completed=step, info=f"loss {losses[-1]:.4f}")
-        if acc.is_main_process and (step % cfg.save_every == 0 or step == cfg.optim.max_steps):
-            save_checkpoint(
-                out,
-                step,
-                acc.unwrap_model(model),
-                opt,
-                sched,
-                {"epoch": epoch, "batch": pos, "losses": losses[-1000:]},
+    saved = step
+    with Preemption() as stop:
+        while step < cfg.optim.max_steps:
+            if pos >= len(batches):
+                epoch, pos = epoch + 1, 0
+                batches = epoch_batches(samples, epoch, cfg)[acc.process_index :: acc.num_processes]
+            batch = collate([samples[i] for i in batches[pos]], cfg.max_len, pad, acc.device)
+            lp, logits = target_logprobs(
+                model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
             )
-        if stop_after is not None and step >= stop_after:
-            break
+            nll = sft_loss(lp, batch["loss_mask"], batch["weights"])
+            use_kl = cfg.kl_coef and "topk_ids" in batch
+            kl = sft_topk_kl(logits, batch) if use_kl else torch.zeros(())
+            loss = nll + cfg.kl_coef * kl
+            acc.backward(loss)
+            if cfg.optim.max_grad_norm:
+                acc.clip_grad_norm_(params, cfg.optim.max_grad_norm)
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            step, pos = step + 1, pos + 1
+            losses.append(float(loss.detach()))
+            tokens = int(batch["attention_mask"].sum())
+            logged = {
+                "loss": losses[-1],
+                "nll": float(nll.detach()),
+                "kl": float(kl.detach()),
+                "lr": sched.get_last_lr()[0],
+                "target_tokens": int(batch["loss_mask"].sum()),
+                "tokens_per_s": tokens / max(1e-9, time.perf_counter() - t0),
+            }
+            acc.log(logged, step=step)
+            if history is not None:
+                history.write(step, logged)
+            t0 = time.perf_counter()
+            progress.update(bar, completed=step, info=f"loss {losses[-1]:.4f}")
+            preempted = stop.requested(acc)
+            if step % cfg.save_every == 0 or step == cfg.optim.max_steps or preempted:
+                saved = step
+                if acc.is_main_process:
+                    save_checkpoint(
+                        out,
+                        step,
+                        acc.unwrap_model(model),
+                        opt,
+                        sched,
+                        {"epoch": epoch, "batch": pos, "losses": losses[-1000:]},
+                    )
+                    prune_checkpoints(out, cfg.save_total_limit)
+                acc.wait_for_everyone()
+            if preempted or (stop_after is not None and step >= stop_after):
+                break
     progress.stop()
+    interrupted = stop.signum if step < cfg.optim.max_steps else None
+    if interrupted is not None:
+        print(
+            f"sft: signal {stop.signum} received; checkpoint at step {saved} saved, stopping "
+            "(continue with --resume)",
+            flush=True,
+        )
     if acc.is_main_process and step == cfg.optim.max_steps:
         final = out / "final"
         save_policy(acc.unwrap_model(model), final)
@@ -219,4 +239,6 @@ def run_sft(
         "output": str(out),
         "processes": acc.num_processes,
         "rank": acc.process_index,
+        "interrupted": interrupted,
+        "exit_code": stop.exit_code() if interrupted is not None else 0,
     }
