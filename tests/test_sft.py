@@ -205,3 +205,15 @@ def test_sigterm_saves_and_resume_matches_the_uninterrupted_run(tmp_path, datase
     resumed = run_sft(load_config(SFTConfig, None, overrides(out)), resume=True)
     assert resumed["steps"] == 40
     assert resumed["losses"] == pytest.approx(full, rel=1e-4, abs=1e-5)
+
+
+def test_a_full_fine_tuning_checkpoint_loads_as_a_model(tmp_path, dataset, tiny_model_dir):
+    """Checkpoints hold the tokenizer: eval or export can take `<checkpoint>/model` as it is."""
+    from acmrl.config import ModelConfig
+    from acmrl.models import load_model
+
+    cfg = config(tmp_path, dataset, tiny_model_dir, max_steps=2)
+    cfg.lora.enabled, cfg.save_every = False, 1
+    run_sft(cfg)
+    _, tok = load_model(ModelConfig(name=str(latest_checkpoint(cfg.output) / "model")))
+    assert tok is not None and tok.decode(tok.encode("year 1712")) == "year 1712"

@@ -48,9 +48,12 @@ def save_checkpoint(
     scheduler: Any,
     state: dict[str, Any],
     rng_ranks: list[dict[str, Any]] | None = None,
+    tokenizer: Any = None,
 ) -> Path:
     """Write checkpoint ``step`` under ``root/checkpoints`` atomically; returns its folder.
-    ``rng_ranks``: every training process's RNG state (index = rank), restored per rank."""
+    ``rng_ranks``: every training process's RNG state (index = rank), restored per rank.
+    ``tokenizer`` is saved beside the weights, so ``model.name=<checkpoint>/model`` loads as it
+    is (eval, export, a served checkpoint), a fully fine-tuned one too."""
     ckpts = Path(root) / "checkpoints"
     ckpts.mkdir(parents=True, exist_ok=True)
     final = ckpts / f"step-{step:06d}"
@@ -58,6 +61,8 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     save_policy(model, tmp / "model")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp / "model")
     torch.save(
         {
             "optimizer": optimizer.state_dict(),

@@ -580,6 +580,7 @@ class GRPOTrainer:
                     "rewards": self.state["rewards"][-1000:],
                 },
                 rng_ranks,
+                tokenizer=self.tok,
             )
             prune_checkpoints(self.out, self.cfg.save_total_limit)
         self.acc.wait_for_everyone()

@@ -215,6 +215,7 @@ def run_sft(
                         opt,
                         sched,
                         {"epoch": epoch, "batch": pos, "losses": losses[-1000:]},
+                        tokenizer=tok,
                     )
                     prune_checkpoints(out, cfg.save_total_limit)
                 acc.wait_for_everyone()
