@@ -283,6 +283,11 @@ class ModelConfig:
         "float32", "weights and compute dtype; float32 keeps cache reuse exact on CPU"
     )
     device: str = option("auto", "'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'")
+    attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = option(
+        "auto",
+        "attention kernel (transformers' attn_implementation); auto: transformers' choice "
+        "(sdpa where supported); flash_attention_2 needs the flash-attn package and a GPU",
+    )
     threads: int | None = option(None, "CPU threads for torch; null keeps torch's default", min=1)
 
     def check(self) -> None:
@@ -594,8 +599,15 @@ class OptimConfig:
         4096, "tokens per batch (padded samples are packed up to this)", min=64
     )
     max_grad_norm: float = option(1.0, "gradient clipping; 0 disables", min=0.0)
-    mixed_precision: Literal["no", "bf16", "fp16"] = option(
-        "no", "autocast the forward passes (accelerate); bf16 is ~1.4x faster on CPUs with AMX"
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = option(
+        "auto",
+        "autocast the forward passes (accelerate). auto: the launcher's setting (accelerate "
+        "launch --mixed_precision / its config file), else bf16 on a CUDA GPU that has it, else "
+        "no; an explicit value that contradicts the launcher's is refused. bf16 is ~1.4x "
+        "faster on CPUs with AMX",
+    )
+    gradient_checkpointing: bool = option(
+        False, "recompute activations in the backward pass (less memory, ~30% more compute)"
     )
 
 

@@ -231,6 +231,23 @@ def check_adapter_base(adapter: str | Path, base: str) -> None:
         )
 
 
+def attention_kwargs(cfg: ModelConfig) -> dict[str, str]:
+    """``attn_implementation`` for ``from_pretrained`` (none for auto); flash_attention_2
+    without its package is a clear error before any weight is read."""
+    impl = getattr(cfg, "attn_implementation", "auto")
+    if impl == "auto":
+        return {}
+    if impl == "flash_attention_2":
+        import importlib.util
+
+        if importlib.util.find_spec("flash_attn") is None:
+            raise ModelError(
+                "model.attn_implementation=flash_attention_2 needs the flash-attn package "
+                "(pip install flash-attn, on a CUDA machine); use sdpa or auto here"
+            )
+    return {"attn_implementation": impl}
+
+
 def load_model(
     cfg: ModelConfig, with_tokenizer: bool = True
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None]:
@@ -248,9 +265,10 @@ def load_model(
     base = adapter_base(where)
     if base is not None:
         return _load_adapter(cfg, where, base)
+    attn = attention_kwargs(cfg)
     try:
         tokenizer = AutoTokenizer.from_pretrained(where) if with_tokenizer else None
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=getattr(torch, cfg.dtype))
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=getattr(torch, cfg.dtype), **attn)
     except OSError as exc:
         raise ModelError(f"cannot load model {cfg.name!r}: {exc}") from exc
     model.to(pick_device(cfg.device))

@@ -10,11 +10,11 @@ variant runs ``--steps`` SFT steps of 4096 tokens with bf16 autocast where the C
 saves a checkpoint every ``--every`` steps. For each checkpoint the benchmark prints, beside the
 wall time it took to reach it:
 
-- the held-out NLL per target token of every sample (policy turns and the summaries the student
-  writes as its own summariser);
+- the held-out NLL per token of the teacher's answer turn (its rationale and the call);
 - the held-out NLL of the answer's text, the decisive tokens of kb_search (which event of the
   town's list happened in the birth year);
 - how many held-out answers start with the right token under greedy decoding (the lookup).
+One forward pass per held-out task, on the answer turn's exact context.
 
 Variants: ``lora`` (rank 16, lr 5e-4) and ``full`` (all weights, lr 5e-5); more can be added to
 VARIANTS. Measured figures go to docs/train.md ("Measured: LoRA and full fine-tuning side by
@@ -68,38 +68,34 @@ def demonstrations(out: Path, seeds: list[int], split: str, model: str) -> Path:
 
 
 def heldout(checkpoint: str, records: Path) -> dict[str, float]:
-    """Held-out NLL of the teacher's targets and of the answer text, and greedy first-token hits."""
+    """On the answer turn of every successful held-out demonstration (one forward pass each):
+    the NLL of the teacher's whole completion, of the answer's text, and greedy first-token hits."""
     import torch
 
     from acmrl.config import ModelConfig
     from acmrl.models import load_model
     from acmrl.rollout.records import Trajectory
-    from acmrl.train.samples import trajectory_samples
 
     model, tok = load_model(ModelConfig(name=checkpoint, dtype="float32"))
     model.eval()
-    nll = n = ans = n_ans = hits = answers = 0.0
+    turn = n_turn = ans = n_ans = hits = answers = 0.0
     for line in records.read_text().splitlines():
         for d in json.loads(line)["demonstrations"]:
             if d["score"] < 1:
                 continue
             traj = Trajectory.from_dict(d)
-            for s in trajectory_samples(traj, helpers=True):
-                ids = torch.tensor([s.token_ids])
-                with torch.no_grad():
-                    logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
-                lp = logp.gather(1, ids[0, 1:, None])[:, 0]
-                on = torch.tensor(s.weights[1:]) > 0
-                nll -= float(lp[on].sum())
-                n += float(on.sum())
             call = [st.call for st in traj.steps if st.call and st.call.role == "teacher"][-1]
             comp = call.completion_ids
             cut = next(i for i in range(len(comp)) if '"text": "' in tok.decode(comp[: i + 1]))
             ids = torch.tensor([call.prompt_ids + comp])
             with torch.no_grad():
                 logp = torch.log_softmax(model(ids).logits[0].float(), -1)
-            first = len(call.prompt_ids) + cut + 1
-            end = len(call.prompt_ids) + len(comp)
+            start = len(call.prompt_ids)
+            first = start + cut + 1
+            end = start + len(comp)
+            for j in range(start, end):
+                turn -= float(logp[j - 1, ids[0, j]])
+                n_turn += 1
             text_end = first + len(tok.encode(d["reference"], add_special_tokens=False))
             for j in range(first, min(text_end, end)):
                 ans -= float(logp[j - 1, ids[0, j]])
@@ -107,7 +103,7 @@ def heldout(checkpoint: str, records: Path) -> dict[str, float]:
             hits += int(logp[first - 1].argmax()) == int(ids[0, first])
             answers += 1
     return {
-        "target_nll": nll / max(1.0, n),
+        "turn_nll": turn / max(1.0, n_turn),
         "answer_nll": ans / max(1.0, n_ans),
         "answer_first_token": hits,
         "answers": answers,
@@ -170,11 +166,11 @@ def main() -> None:
                 (variant, step, wall * step / args.steps, heldout(str(ckpt / "model"), records))
             )
     print(
-        f"{'variant':<8}{'step':>6}{'wall min':>10}{'target NLL':>12}{'answer NLL':>12}{'first token':>13}"
+        f"{'variant':<8}{'step':>6}{'wall min':>10}{'turn NLL':>12}{'answer NLL':>12}{'first token':>13}"
     )
     for variant, step, wall, h in rows:
         print(
-            f"{variant:<8}{step:>6}{wall / 60:>10.1f}{h['target_nll']:>12.4f}{h['answer_nll']:>12.4f}"
+            f"{variant:<8}{step:>6}{wall / 60:>10.1f}{h['turn_nll']:>12.4f}{h['answer_nll']:>12.4f}"
             f"{int(h['answer_first_token']):>8}/{int(h['answers'])}"
         )
     (out / "results.json").write_text(json.dumps(rows, indent=1))

@@ -130,3 +130,15 @@ def test_tasks_per_step_below_the_process_count_is_refused(tmp_path, tiny_model_
     cfg = override(GRPOConfig(), model__name=tiny_model_dir, output=str(tmp_path), tasks_per_step=1)
     with pytest.raises(ValueError, match="tasks_per_step=1 is smaller than the 2 training"):
         grpo.GRPOTrainer(cfg, env=TargetEnv())
+
+
+@pytest.mark.slow
+def test_sharded_checkpoint_path_under_two_processes(tmp_path, tiny_model_dir):
+    """Full weights gathered, one optimizer shard per process, each restored by its own rank."""
+    script = Path(__file__).parent / "ddp_sharded_save.py"
+    cmd = [*LAUNCH[:-3], str(script), str(tiny_model_dir), str(tmp_path)]
+    res = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert sorted(re.findall(r"process (\d): shard restored", res.stdout)) == ["0", "1"]

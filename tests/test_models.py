@@ -73,3 +73,26 @@ def test_default_model_loads_and_generates():
     assert model.config.num_hidden_layers == 30
     text, n = chat_generate(model, tok, "What is the capital of France?", max_new_tokens=12)
     assert n > 0 and "Paris" in text
+
+
+def test_attention_implementations_agree(tiny_model_dir):
+    import torch
+
+    from acmrl.config import ModelConfig
+    from acmrl.models import ModelError, load_model
+
+    ids = torch.tensor([[1, 20, 300, 4000, 42, 7]])
+    logits = {}
+    for impl in ("eager", "sdpa"):
+        model, _ = load_model(ModelConfig(name=str(tiny_model_dir), attn_implementation=impl))
+        assert model.config._attn_implementation == impl
+        with torch.no_grad():
+            logits[impl] = model(ids).logits
+    assert torch.allclose(logits["eager"], logits["sdpa"], atol=1e-4)
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        with pytest.raises(ModelError, match="needs the flash-attn package"):
+            load_model(
+                ModelConfig(name=str(tiny_model_dir), attn_implementation="flash_attention_2")
+            )

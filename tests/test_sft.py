@@ -217,3 +217,28 @@ def test_a_full_fine_tuning_checkpoint_loads_as_a_model(tmp_path, dataset, tiny_
     run_sft(cfg)
     _, tok = load_model(ModelConfig(name=str(latest_checkpoint(cfg.output) / "model")))
     assert tok is not None and tok.decode(tok.encode("year 1712")) == "year 1712"
+
+
+def test_gradient_checkpointing_gives_the_same_losses(tmp_path, dataset, tiny_model_dir):
+    plain = run_sft(config(tmp_path / "a", dataset, tiny_model_dir, max_steps=3))["losses"]
+    cfg = config(tmp_path / "b", dataset, tiny_model_dir, max_steps=3, gradient_checkpointing=True)
+    from acmrl.train.common import build_model
+
+    model = build_model(cfg, None)[0]
+    assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+    assert run_sft(cfg)["losses"] == pytest.approx(plain, rel=1e-5, abs=1e-6)
+
+
+def test_mixed_precision_follows_the_launcher(monkeypatch):
+    from acmrl.train.common import resolve_precision
+
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    assert resolve_precision("auto") == "no"  # no GPU here
+    assert resolve_precision("bf16") == "bf16"
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # accelerate launch --mixed_precision
+    assert resolve_precision("auto") == "bf16"
+    assert resolve_precision("bf16") == "bf16"
+    with pytest.raises(ValueError, match=r"optim\.mixed_precision=fp16 contradicts the launcher's"):
+        resolve_precision("fp16")
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")  # the launcher's default
+    assert resolve_precision("fp16") == "fp16"

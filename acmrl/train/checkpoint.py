@@ -40,6 +40,20 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _staging(root: str | Path, step: int) -> Path:
+    return Path(root) / "checkpoints" / f".tmp-step-{step:06d}"
+
+
+def stage_checkpoint(root: str | Path, step: int) -> Path:
+    """An empty temporary folder for checkpoint ``step`` (what a half-written save left there
+    is removed)."""
+    tmp = _staging(root, step)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
 def save_checkpoint(
     root: str | Path,
     step: int,
@@ -49,23 +63,25 @@ def save_checkpoint(
     state: dict[str, Any],
     rng_ranks: list[dict[str, Any]] | None = None,
     tokenizer: Any = None,
+    *,
+    state_dict: dict[str, Any] | None = None,
+    staged: bool = False,
 ) -> Path:
     """Write checkpoint ``step`` under ``root/checkpoints`` atomically; returns its folder.
     ``rng_ranks``: every training process's RNG state (index = rank), restored per rank.
     ``tokenizer`` is saved beside the weights, so ``model.name=<checkpoint>/model`` loads as it
-    is (eval, export, a served checkpoint), a fully fine-tuned one too."""
+    is (eval, export, a served checkpoint), a fully fine-tuned one too. ``state_dict``: the
+    full weights gathered from a sharded model; ``optimizer=None`` with ``staged``: every
+    process already wrote its optimizer shard into the staged folder."""
     ckpts = Path(root) / "checkpoints"
-    ckpts.mkdir(parents=True, exist_ok=True)
     final = ckpts / f"step-{step:06d}"
-    tmp = ckpts / f".tmp-step-{step:06d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_policy(model, tmp / "model")
+    tmp = _staging(root, step) if staged else stage_checkpoint(root, step)
+    save_policy(model, tmp / "model", state_dict=state_dict)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp / "model")
     torch.save(
         {
-            "optimizer": optimizer.state_dict(),
+            "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "scheduler": scheduler.state_dict(),
             "rng": rng_state(),
             "rng_ranks": rng_ranks or [],
@@ -97,6 +113,61 @@ def prune_checkpoints(root: str | Path, keep: int | None) -> list[Path]:
     return old
 
 
+def is_sharded(acc: Any) -> bool:
+    """Whether the model and optimizer are sharded over the processes (FSDP, DeepSpeed)."""
+    from accelerate.utils import DistributedType
+
+    return acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+
+
+def save_run_checkpoint(
+    acc: Any,
+    root: str | Path,
+    step: int,
+    model: Any,
+    optimizer: Any,
+    scheduler: Any,
+    state: dict[str, Any],
+    tokenizer: Any = None,
+    *,
+    sharded: bool | None = None,
+) -> None:
+    """Checkpoint ``step`` of a training run; every process calls it.
+
+    Each process's RNG state is gathered. With a sharded model (FSDP, ZeRO-3) the full weights
+    are gathered from every process (``accelerate``'s ``get_state_dict``) and each process
+    writes its own optimizer shard (``optimizer-rank<i>.pt``) into the staged folder before the
+    main process publishes it; ``sharded`` overrides the detection (tests)."""
+    sharded = is_sharded(acc) if sharded is None else sharded
+    state_dict = acc.get_state_dict(model) if sharded else None
+    rng_ranks = None
+    if acc.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        rng_ranks = gather_object([rng_state()])
+    if sharded:
+        if acc.is_main_process:
+            stage_checkpoint(root, step)
+        acc.wait_for_everyone()
+        shard = _staging(root, step) / f"optimizer-rank{acc.process_index}.pt"
+        torch.save(optimizer.state_dict(), shard)
+        acc.wait_for_everyone()
+    if acc.is_main_process:
+        save_checkpoint(
+            root,
+            step,
+            acc.unwrap_model(model),
+            None if sharded else optimizer,
+            scheduler,
+            state,
+            rng_ranks,
+            tokenizer,
+            state_dict=state_dict,
+            staged=sharded,
+        )
+    acc.wait_for_everyone()
+
+
 def latest_checkpoint(root: str | Path) -> Path | None:
     ckpts = Path(root) / "checkpoints"
     done = sorted(p for p in ckpts.glob("step-*") if (p / STATE).exists()) if ckpts.exists() else []
@@ -109,7 +180,17 @@ def load_training_state(
     """Restore optimiser, scheduler and RNG states (this process's own, when every process's
     was saved); returns ``trainer_state.json``."""
     blob = torch.load(path / "training.pt", weights_only=False)
-    optimizer.load_state_dict(blob["optimizer"])
+    shard = path / f"optimizer-rank{rank}.pt"
+    if blob["optimizer"] is None and not shard.is_file():
+        raise ValueError(
+            f"{path} holds the optimizer in per-process shards, and none for process {rank}: "
+            "resume with the number of processes that wrote it"
+        )
+    optimizer.load_state_dict(
+        blob["optimizer"]
+        if blob["optimizer"] is not None
+        else torch.load(shard, weights_only=False)
+    )
     scheduler.load_state_dict(blob["scheduler"])
     ranks = blob.get("rng_ranks") or []
     set_rng_state(ranks[rank] if rank < len(ranks) else blob["rng"])

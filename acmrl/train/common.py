@@ -11,13 +11,38 @@ from typing import Any
 from acmrl.models import adapter_base
 
 
+def resolve_precision(configured: str) -> str:
+    """The mixed precision a run uses: ``auto`` takes the launcher's (``accelerate launch``
+    exports ``ACCELERATE_MIXED_PRECISION``), else bf16 on a CUDA GPU that supports it, else
+    ``no``. An explicit value is refused when the launcher asked for another reduced precision
+    (a launcher's ``no`` is its default and does not count)."""
+    import os
+
+    launcher = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+    if configured == "auto":
+        if launcher != "no":
+            return launcher
+        import torch
+
+        return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    if launcher != "no" and launcher != configured:
+        raise ValueError(
+            f"optim.mixed_precision={configured} contradicts the launcher's mixed precision "
+            f"{launcher} (accelerate launch --mixed_precision or its config file): drop one, or "
+            "set optim.mixed_precision=auto"
+        )
+    return configured
+
+
 def make_accelerator(mixed_precision: str, log_with: list[str], project_dir: str) -> Any:
-    """A fresh ``Accelerator`` for one training run.
+    """A fresh ``Accelerator`` for one training run (``mixed_precision`` as the config says it,
+    resolved by :func:`resolve_precision`).
 
     accelerate keeps one ``AcceleratorState`` per process and refuses a second ``Accelerator``
     with another precision (the demo, a notebook or the tests run SFT and GRPO in one process).
     The run-level state is dropped first; the process-level ``PartialState`` (the distributed
-    setup) is kept.
+    setup) is kept. Under DeepSpeed, which sizes its batches from a dataloader that acmrl does
+    not use (batches are packed by tokens), the micro-batch size is set to 1 sample.
     """
     import torch
     from accelerate import Accelerator
@@ -25,12 +50,16 @@ def make_accelerator(mixed_precision: str, log_with: list[str], project_dir: str
 
     AcceleratorState._reset_state(reset_partial_state=False)
     # without a GPU, cpu=True makes a torchrun / accelerate launch of n processes use gloo
-    return Accelerator(
+    acc = Accelerator(
         cpu=not torch.cuda.is_available(),
-        mixed_precision=mixed_precision,
+        mixed_precision=resolve_precision(mixed_precision),
         log_with=log_with or None,
         project_dir=project_dir,
     )
+    plugin = getattr(acc.state, "deepspeed_plugin", None)
+    if plugin is not None:
+        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = 1
+    return acc
 
 
 def load_start_model(model_cfg: Any) -> tuple[Any, Any, bool]:
@@ -72,14 +101,18 @@ def publish_start_model(out: Path, model: Any, tok: Any) -> Path:
     return final
 
 
-def save_policy(model: Any, folder: Path) -> None:
-    """``save_pretrained``; an adapter also records the id and place of its base (models.py), so
-    it is loaded on exactly the weights it was trained on, or refused."""
+def save_policy(model: Any, folder: Path, state_dict: dict[str, Any] | None = None) -> None:
+    """``save_pretrained`` (of ``state_dict`` when given: the full weights gathered from a
+    sharded model); an adapter also records the id and place of its base (models.py), so it is
+    loaded on exactly the weights it was trained on, or refused."""
     import os
 
     from acmrl.models import ADAPTER_BASE_FILE, model_id
 
-    model.save_pretrained(folder)
+    if state_dict is not None:
+        model.save_pretrained(folder, state_dict=state_dict)
+    else:
+        model.save_pretrained(folder)
     peft = getattr(model, "peft_config", None)
     if not peft:
         return
@@ -107,10 +140,10 @@ def build_model(cfg: Any, resume_from: Path | None) -> tuple[Any, Any, bool]:
         model, _ = load_model(
             dataclasses.replace(cfg.model, name=str(resume_from / "model")), with_tokenizer=False
         )
-        return model, load_tokenizer(cfg.model.name), merged
+        return checkpointing(model, cfg), load_tokenizer(cfg.model.name), merged
     model, tok, merged = load_start_model(cfg.model)
     if not cfg.lora.enabled:
-        return model, tok, merged
+        return checkpointing(model, cfg), tok, merged
     from peft import LoraConfig, PeftModel, get_peft_model
 
     base = resolve_model(cfg.model.name)
@@ -130,7 +163,15 @@ def build_model(cfg: Any, resume_from: Path | None) -> tuple[Any, Any, bool]:
         )
         model = get_peft_model(model, lora)
     model.peft_config["default"].base_model_name_or_path = base
-    return model, tok, merged
+    return checkpointing(model, cfg), tok, merged
+
+
+def checkpointing(model: Any, cfg: Any) -> Any:
+    """Gradient checkpointing when ``optim.gradient_checkpointing`` asks for it (non-reentrant:
+    it needs no input that requires grad, so LoRA on frozen embeddings works)."""
+    if cfg.optim.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
 
 
 def lr_lambda(optim: Any, updates_per_step: int = 1):

@@ -82,12 +82,7 @@ from acmrl.rollout.agent import Episode
 from acmrl.rollout.records import Trajectory
 from acmrl.rollout.run import make_episode
 from acmrl.rollout.worker import JsonlLog, episode_id, run_episodes
-from acmrl.train.checkpoint import (
-    load_training_state,
-    prune_checkpoints,
-    rng_state,
-    save_checkpoint,
-)
+from acmrl.train.checkpoint import load_training_state, prune_checkpoints, save_run_checkpoint
 from acmrl.train.common import (
     MetricsLog,
     build_model,
@@ -563,27 +558,18 @@ class GRPOTrainer:
     # -- checkpoints ------------------------------------------------------------------------------
 
     def save(self, step: int) -> None:
-        rng_ranks = None
-        if self.acc.num_processes > 1:  # every process's RNG state, restored per rank
-            from accelerate.utils import gather_object
-
-            rng_ranks = gather_object([rng_state()])
+        save_run_checkpoint(
+            self.acc,
+            self.out,
+            step,
+            self.model,
+            self.opt,
+            self.sched,
+            {"losses": self.state["losses"][-1000:], "rewards": self.state["rewards"][-1000:]},
+            self.tok,
+        )
         if self.acc.is_main_process:
-            save_checkpoint(
-                self.out,
-                step,
-                self.acc.unwrap_model(self.model),
-                self.opt,
-                self.sched,
-                {
-                    "losses": self.state["losses"][-1000:],
-                    "rewards": self.state["rewards"][-1000:],
-                },
-                rng_ranks,
-                tokenizer=self.tok,
-            )
             prune_checkpoints(self.out, self.cfg.save_total_limit)
-        self.acc.wait_for_everyone()
 
     def save_final(self) -> Path:
         final = self.out / "final"

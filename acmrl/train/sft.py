@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from acmrl.config import SFTConfig, to_dict
-from acmrl.train.checkpoint import load_training_state, prune_checkpoints, save_checkpoint
+from acmrl.train.checkpoint import load_training_state, prune_checkpoints, save_run_checkpoint
 from acmrl.train.common import (
     MetricsLog,
     build_model,
@@ -154,7 +154,7 @@ def run_sft(
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.optim))
     state: dict[str, Any] = {"step": 0, "epoch": 0, "batch": 0, "losses": []}
     if ckpt is not None:
-        state = load_training_state(ckpt, opt, sched)
+        state = load_training_state(ckpt, opt, sched, rank=acc.process_index)
     model, opt = acc.prepare(model, opt)
     if cfg.log_with:
         acc.init_trackers("acmrl-sft", config={k: str(v) for k, v in to_dict(cfg).items()})
@@ -207,18 +207,18 @@ def run_sft(
             preempted = stop.requested(acc)
             if step % cfg.save_every == 0 or step == cfg.optim.max_steps or preempted:
                 saved = step
+                save_run_checkpoint(
+                    acc,
+                    out,
+                    step,
+                    model,
+                    opt,
+                    sched,
+                    {"epoch": epoch, "batch": pos, "losses": losses[-1000:]},
+                    tok,
+                )
                 if acc.is_main_process:
-                    save_checkpoint(
-                        out,
-                        step,
-                        acc.unwrap_model(model),
-                        opt,
-                        sched,
-                        {"epoch": epoch, "batch": pos, "losses": losses[-1000:]},
-                        tokenizer=tok,
-                    )
                     prune_checkpoints(out, cfg.save_total_limit)
-                acc.wait_for_everyone()
             if preempted or (stop_after is not None and step >= stop_after):
                 break
     progress.stop()
