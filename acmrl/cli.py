@@ -177,9 +177,28 @@ def serve(config: ConfigOpt = None, overrides: Overrides = None) -> None:
         )
     except ModelError as exc:
         fail(str(exc))
+    adapters = None
+    if cfg.allow_adapter_loading:
+        import dataclasses
+
+        from acmrl.engines.server import Adapters
+
+        def adapter_engine(path: str) -> HFEngine:
+            model = dataclasses.replace(cfg.model, name=path)
+            return HFEngine.from_config(
+                model, reuse_cache=cfg.engine.reuse_cache, max_batch=cfg.engine.max_batch
+            )
+
+        adapters = Adapters(adapter_engine, cfg.engine.max_batch, cfg.max_adapters)
     try:
         server = make_server(
-            engine, engine.tokenizer, cfg.model.name, cfg.host, cfg.port, cfg.engine.max_batch
+            engine,
+            engine.tokenizer,
+            cfg.model.name,
+            cfg.host,
+            cfg.port,
+            cfg.engine.max_batch,
+            adapters,
         )
     except OSError as exc:
         fail(f"cannot listen on {cfg.host}:{cfg.port}: {exc}")

@@ -458,6 +458,12 @@ class ServeConfig:
     engine: EngineConfig = section(EngineConfig, "batching and cache reuse")
     host: str = option("127.0.0.1", "address to listen on (0.0.0.0 for every interface)")
     port: int = option(8000, "port; 0 picks a free one (printed at start)", min=0, max=65535)
+    allow_adapter_loading: bool = option(
+        False,
+        "accept POST /v1/load_lora_adapter (vLLM's runtime adapter API; paths on this "
+        "machine): what GRPO with engine.kind=openai uses to sync its adapter",
+    )
+    max_adapters: int = option(2, "runtime adapters kept at once (the oldest goes first)", min=1)
 
 
 @dataclasses.dataclass
@@ -716,16 +722,11 @@ class GRPOConfig:
                 "sampling.temperature: GRPO needs sampling (> 0); greedy rollouts of a group "
                 "are identical and carry no signal"
             )
-        if self.engine.kind == "openai":
+        if self.engine.kind in ("openai", "vllm") and not self.lora.enabled:
             raise ConfigError(
-                "engine.kind: GRPO needs the sampler to follow the trained weights: use hf "
-                "(shared weights) or vllm (adapter sync); a served engine would sample a stale "
-                "policy"
-            )
-        if self.engine.kind == "vllm" and not self.lora.enabled:
-            raise ConfigError(
-                "engine.kind=vllm syncs LoRA adapters into vLLM after every step; full "
-                "fine-tuning needs weight sync, which acmrl does not do: enable lora or use hf"
+                f"engine.kind={self.engine.kind} syncs LoRA adapters into the sampler after "
+                "every step; full fine-tuning needs full-weight sync, which acmrl does not do "
+                "yet: enable lora or use hf"
             )
         if self.engine.kind == "vllm" and self.lora.r > self.engine.max_lora_rank:
             raise ConfigError(

@@ -20,6 +20,58 @@ import tempfile
 from pathlib import Path
 
 
+def target_model(folder: Path) -> tuple[Path, str]:
+    """A small random Llama (head size 64) and its target word: the second most likely first
+    word of a reply, said in roughly 1 reply in 7 at the start."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from acmrl.config import DEFAULT_MODEL, AgentConfig, SamplingConfig
+    from acmrl.engines.base import Request
+    from acmrl.engines.hf import HFEngine
+    from acmrl.models import build_tiny_model
+    from acmrl.rollout.agent import Episode
+    from tests.grpo_env import TargetEnv
+
+    model_dir = build_tiny_model(
+        folder / "model",
+        tokenizer_from=DEFAULT_MODEL,
+        hidden_size=256,
+        intermediate_size=512,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        initializer_range=0.3,
+        max_position_embeddings=2048,
+    )
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    hf = HFEngine(AutoModelForCausalLM.from_pretrained(model_dir), tok)
+    env = TargetEnv()
+    ep = Episode(
+        "probe", env, env.tasks()[0], "react", tok, agent=AgentConfig(), sampling=SamplingConfig()
+    )
+    prompt = ep.next_request().prompt_ids
+    firsts = hf.generate([Request(f"p{i}", prompt, 1, 1.0, 1.0, [], i) for i in range(200)])
+    counts = collections.Counter(c.completion_ids[0] for c in firsts)
+    words = [t for t, _ in counts.most_common() if len(tok.decode([t]).strip()) >= 3]
+    target = tok.decode([words[1]]).strip()
+    print(f"target word {target!r}: {counts[words[1]]} of 200 first tokens")
+    return model_dir, target
+
+
+def target_config(model_dir: Path, target: str, out: Path, steps: int, lr: float):
+    from acmrl.config import GRPOConfig
+
+    cfg = GRPOConfig(output=str(out / "grpo"), log_with=[], save_rollouts=False)
+    cfg.model.name = str(model_dir)
+    cfg.engine.max_model_len = 1024
+    cfg.arms, cfg.agent.max_turns = ["react"], 1
+    cfg.sampling.max_new_tokens, cfg.sampling.stop = 2, [target]
+    cfg.group_size, cfg.tasks_per_step = 8, 2
+    cfg.lora.r, cfg.optim.lr, cfg.optim.schedule = 8, lr, "constant"
+    cfg.skip_flat_groups = False
+    cfg.optim.max_steps = steps
+    return cfg
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=4)
@@ -27,56 +79,13 @@ def main() -> None:
     p.add_argument("--debug", action="store_true")
     a = p.parse_args()
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from acmrl.config import DEFAULT_MODEL, AgentConfig, GRPOConfig, SamplingConfig
-    from acmrl.engines.base import Request
-    from acmrl.engines.hf import HFEngine
-    from acmrl.models import build_tiny_model
-    from acmrl.rollout.agent import Episode
     from acmrl.train.grpo import GRPOTrainer
     from tests.grpo_env import TargetEnv
 
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_tiny_model(
-            Path(tmp) / "model",
-            tokenizer_from=DEFAULT_MODEL,
-            hidden_size=256,
-            intermediate_size=512,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            initializer_range=0.3,
-            max_position_embeddings=2048,
-        )
-        tok = AutoTokenizer.from_pretrained(model_dir)
-        hf = HFEngine(AutoModelForCausalLM.from_pretrained(model_dir), tok)
-        env = TargetEnv()
-        ep = Episode(
-            "probe",
-            env,
-            env.tasks()[0],
-            "react",
-            tok,
-            agent=AgentConfig(),
-            sampling=SamplingConfig(),
-        )
-        prompt = ep.next_request().prompt_ids
-        firsts = hf.generate([Request(f"p{i}", prompt, 1, 1.0, 1.0, [], i) for i in range(200)])
-        counts = collections.Counter(c.completion_ids[0] for c in firsts)
-        words = [t for t, _ in counts.most_common() if len(tok.decode([t]).strip()) >= 3]
-        target = tok.decode([words[1]]).strip()
-        print(f"target word {target!r}: {counts[words[1]]} of 200 first tokens")
-
-        cfg = GRPOConfig(output=str(Path(tmp) / "grpo"), log_with=[], save_rollouts=False)
-        cfg.model.name = str(model_dir)
+        model_dir, target = target_model(Path(tmp))
+        cfg = target_config(model_dir, target, Path(tmp), a.steps, a.lr)
         cfg.engine.kind = "vllm"
-        cfg.engine.max_model_len = 1024
-        cfg.arms, cfg.agent.max_turns = ["react"], 1
-        cfg.sampling.max_new_tokens, cfg.sampling.stop = 2, [target]
-        cfg.group_size, cfg.tasks_per_step = 8, 2
-        cfg.lora.r, cfg.optim.lr, cfg.optim.schedule = 8, a.lr, "constant"
-        cfg.skip_flat_groups = False
-        cfg.optim.max_steps = a.steps
         trainer = GRPOTrainer(cfg, env=TargetEnv(target))
         for step in range(a.steps):
             lora_id = trainer.engine._lora.lora_int_id

@@ -18,8 +18,9 @@ from acmrl.engines.base import EngineError, Request
 from acmrl.engines.openai import OpenAIEngine
 
 
-def start_server(model_dir: Path) -> tuple[subprocess.Popen, str]:
+def start_server(model_dir: Path, *overrides: str) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "acmrl.cli", "serve", f"model.name={model_dir}", "port=0"]
+    cmd += overrides
     proc = subprocess.Popen(
         cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
     )

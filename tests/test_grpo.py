@@ -84,11 +84,46 @@ def test_token_batches_respect_the_budget():
 def test_greedy_sampling_and_served_engines_are_refused():
     with pytest.raises(ConfigError, match="temperature"):
         load_config(GRPOConfig, None, ["sampling.temperature=0"])
-    with pytest.raises(ConfigError, match=r"engine\.kind"):
-        load_config(GRPOConfig, None, ["engine.kind=openai", "engine.base_urls=[http://x]"])
+    with pytest.raises(ConfigError, match=r"engine\.kind=openai .* enable lora or use hf"):
+        load_config(
+            GRPOConfig,
+            None,
+            ["engine.kind=openai", "engine.base_urls=[http://x]", "lora.enabled=false"],
+        )
     with pytest.raises(ConfigError, match="enable lora or use hf"):
         load_config(GRPOConfig, None, ["engine.kind=vllm", "lora.enabled=false"])
     assert load_config(GRPOConfig, None, ["engine.kind=vllm"]).engine.kind == "vllm"
+
+
+def test_grpo_with_served_rollouts_syncs_the_adapter(tmp_path, peaked_model, target):
+    """Rollouts from two `acmrl serve` processes; after every step the trainer's LoRA adapter is
+    loaded into both (vLLM's runtime adapter API) and sampled from: the logprobs the servers
+    report match the trainer's recomputation at every step while the policy moves."""
+    import urllib.request
+
+    from tests.test_engine_openai import start_server
+
+    started = [start_server(peaked_model, "allow_adapter_loading=true") for _ in range(2)]
+    try:
+        urls = [url for _, url in started]
+        kw = dict(optim__max_steps=3, lora__r=4, group_size=4, updates_per_step=2, optim__lr=2e-2)
+        cfg = config(tmp_path, peaked_model, target, **kw)
+        cfg.engine.kind, cfg.engine.base_urls = "openai", urls
+        cfg.skip_flat_groups = False
+        result = run_grpo(cfg, env=TargetEnv(target))
+        rows = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").open()]
+        mismatch = [r["train/logprob_mismatch"] for r in rows]
+        print(f"served GRPO: rewards {result['rewards']}, logprob mismatch per step {mismatch}")
+        assert result["steps"] == 3 and max(mismatch) < 1e-3, mismatch
+        assert any(abs(x) > 0 for x in result["losses"])  # the policy moved
+        for url in urls:  # the newest adapter is served, the older ones were unloaded
+            with urllib.request.urlopen(f"{url}/v1/models") as resp:
+                names = [m["id"] for m in json.loads(resp.read())["data"]]
+            assert len(names) == 2 and names[1].startswith("acmrl-"), names
+    finally:
+        for proc, _ in started:
+            proc.kill()
+            proc.wait()
 
 
 def test_grpo_raises_the_mean_reward(tmp_path, peaked_model, target):

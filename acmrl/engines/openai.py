@@ -8,15 +8,22 @@ Several base URLs share the load with session affinity: a session always goes to
 down after the retries, the next one takes the session. Retries use exponential backoff on
 connection errors, timeouts, 429 and 5xx; other errors fail at once with the server's message.
 The server's ``usage.prompt_tokens_details.cached_tokens`` becomes ``cached_prefix_tokens``.
+
+:meth:`OpenAIEngine.load_adapter` syncs a trainer's LoRA adapter into every server through the
+runtime adapter API that vLLM (``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve --enable-lora``)
+and ``acmrl serve`` (``allow_adapter_loading: true``) share: ``POST /v1/load_lora_adapter`` under a
+new name each time, requests name it as their ``model``, the previous one is unloaded.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 import urllib.error
 import urllib.request
+import uuid
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -52,6 +59,41 @@ class OpenAIEngine(Engine):
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
         self._pool = ThreadPoolExecutor(max_workers=concurrency)
         self._jitter = random.Random(0)
+
+    def load_adapter(self, path: str) -> None:
+        """Serve the LoRA adapter in ``path`` (a folder every server can read) from now on: loaded
+        on every server under a fresh name (a server caches adapters by name), which the next
+        requests ask for; the previous adapter is unloaded. Any server refusing is an error."""
+        name = f"acmrl-{uuid.uuid4().hex[:12]}"
+        body = {"lora_name": name, "lora_path": os.path.abspath(path)}
+        for url in self.base_urls:
+            self._admin(url, "load_lora_adapter", body)
+        old, self.model = getattr(self, "_adapter", None), name
+        self._adapter = name
+        if old is not None:
+            for url in self.base_urls:
+                self._admin(url, "unload_lora_adapter", {"lora_name": old})
+
+    def _admin(self, url: str, route: str, body: dict[str, Any]) -> str:
+        """POST an adapter-management call; its reply is plain text on vLLM."""
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(
+            f"{url}/v1/{route}", data=json.dumps(body).encode(), headers=headers, method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
+                return resp.read().decode(errors="replace")
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:500]
+            raise EngineError(
+                f"{url} refused /v1/{route} (HTTP {exc.code}): {detail}. vLLM needs "
+                "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora; acmrl serve needs "
+                "allow_adapter_loading=true"
+            ) from None
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            raise EngineError(f"{url}: /v1/{route} failed: {exc}") from None
 
     def server_for(self, session_id: str) -> int:
         return zlib.crc32(session_id.encode()) % len(self.base_urls)

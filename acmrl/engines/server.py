@@ -6,6 +6,14 @@ the completion's token ids (``token_ids``, as vLLM's ``return_token_ids``), per-
 ``usage.prompt_tokens_details.cached_tokens``. The OpenAI ``user`` field names the session whose
 prefix cache the engine keeps. Concurrent requests are gathered for a few milliseconds and run as
 one batch. Standard library only (``http.server``).
+
+With ``allow_adapter_loading`` it also takes vLLM's runtime adapter API: ``POST
+/v1/load_lora_adapter`` ``{"lora_name", "lora_path"}`` loads a LoRA adapter folder onto its base
+and merges it (acmrl's adapter checks apply: the base must be the one it was trained on); a
+request whose ``model`` is that name is served by it; ``/v1/unload_lora_adapter`` drops it. At
+most ``max_adapters`` are kept (the oldest goes first). GRPO with ``engine.kind=openai`` syncs
+its adapter this way after every step. The paths are read from the server's disk: enable it
+only where the clients are trusted.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -104,16 +113,30 @@ class Batcher:
         self.queue.put((req, fut))
         return fut.result()
 
+    def close(self) -> None:
+        """End the batching thread once the requests queued before are served."""
+        self.queue.put(None)  # type: ignore[arg-type]
+
     def _loop(self) -> None:
         while True:
-            batch = [self.queue.get()]
+            first = self.queue.get()
+            if first is None:
+                return
+            batch = [first]
             deadline = time.monotonic() + self.wait_s
+            closing = False
             while len(batch) < self.max_batch:
                 try:
-                    batch.append(self.queue.get(timeout=max(0.0, deadline - time.monotonic())))
+                    item = self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
                 except queue.Empty:
                     break
+                if item is None:
+                    closing = True
+                    break
+                batch.append(item)
             self._run(batch)
+            if closing:
+                return
 
     def _run(self, batch: list[tuple[Request, Future]]) -> None:
         try:
@@ -133,8 +156,43 @@ class Batcher:
             fut.set_result(c)
 
 
+class Adapters:
+    """The runtime LoRA adapters of a server: name -> a batcher over the merged model."""
+
+    def __init__(self, make_engine: Callable[[str], Engine], max_batch: int, keep: int) -> None:
+        self.make_engine, self.max_batch, self.keep = make_engine, max_batch, keep
+        self.batchers: dict[str, Batcher] = {}
+        self.lock = threading.Lock()
+
+    def load(self, name: str, path: str) -> None:
+        engine = self.make_engine(path)  # outside the lock: loading takes a while
+        with self.lock:
+            if name in self.batchers:
+                self.batchers.pop(name).close()
+            self.batchers[name] = Batcher(engine, self.max_batch)
+            while len(self.batchers) > self.keep:
+                self.batchers.pop(next(iter(self.batchers))).close()
+
+    def unload(self, name: str) -> bool:
+        with self.lock:
+            batcher = self.batchers.pop(name, None)
+        if batcher is not None:
+            batcher.close()
+        return batcher is not None
+
+    def get(self, name: str) -> Batcher | None:
+        with self.lock:
+            return self.batchers.get(name)
+
+
 def make_server(
-    engine: Engine, tokenizer: Any, model_name: str, host: str, port: int, max_batch: int
+    engine: Engine,
+    tokenizer: Any,
+    model_name: str,
+    host: str,
+    port: int,
+    max_batch: int,
+    adapters: Adapters | None = None,
 ) -> ThreadingHTTPServer:
     batcher = Batcher(engine, max_batch)
 
@@ -157,12 +215,43 @@ def make_server(
             if self.path.rstrip("/") in ("/health", "/v1/health"):
                 self._send(200, {"status": "ok"})
             elif self.path.rstrip("/") == "/v1/models":
-                self._send(200, {"object": "list", "data": [{"id": model_name, "object": "model"}]})
+                names = [model_name, *(adapters.batchers if adapters else [])]
+                data = [{"id": n, "object": "model"} for n in names]
+                self._send(200, {"object": "list", "data": data})
             else:
                 self._error(404, f"no route {self.path}", "not_found")
 
+        def _adapter_call(self, route: str) -> None:
+            if adapters is None:
+                self._error(
+                    404,
+                    f"{route}: adapter loading is off (serve with allow_adapter_loading=true)",
+                    "not_found",
+                )
+                return
+            try:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                name = body["lora_name"]
+                if not isinstance(name, str) or not name or name == model_name:
+                    raise BadRequest("'lora_name' must be a new, non-empty name")
+                if route == "/v1/load_lora_adapter":
+                    adapters.load(name, str(body["lora_path"]))
+                    self._send(200, {"status": "ok", "message": f"adapter {name!r} loaded"})
+                elif adapters.unload(name):
+                    self._send(200, {"status": "ok", "message": f"adapter {name!r} unloaded"})
+                else:
+                    self._error(404, f"no adapter {name!r}", "not_found")
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError, BadRequest) as exc:
+                self._error(400, f"bad adapter request: {exc}", "invalid_request_error")
+            except Exception as exc:  # the adapter would not load: say why, keep serving
+                self._error(400, f"cannot load the adapter: {exc}", "invalid_request_error")
+
         def do_POST(self) -> None:
-            if self.path.rstrip("/") != "/v1/completions":
+            route = self.path.rstrip("/")
+            if route in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+                self._adapter_call(route)
+                return
+            if route != "/v1/completions":
                 self._error(404, f"no route {self.path}; use /v1/completions", "not_found")
                 return
             try:
@@ -173,8 +262,15 @@ def make_server(
             except (json.JSONDecodeError, BadRequest) as exc:
                 self._error(400, str(exc), "invalid_request_error")
                 return
+            served = batcher
+            asked = body.get("model")
+            if adapters is not None and asked not in (None, model_name):
+                served = adapters.get(str(asked))
+                if served is None:
+                    self._error(404, f"no model or adapter {asked!r}", "not_found")
+                    return
             try:
-                c = batcher.submit(req)
+                c = served.submit(req)
             except EngineError as exc:
                 self._error(400, str(exc), "invalid_request_error")
                 return
@@ -182,7 +278,10 @@ def make_server(
                 self._error(500, f"{type(exc).__name__}: {exc}", "server_error")
                 return
             self._send(
-                200, completion_body(c, model_name, tokenizer, body.get("logprobs") is not None)
+                200,
+                completion_body(
+                    c, str(asked or model_name), tokenizer, body.get("logprobs") is not None
+                ),
             )
 
     return ThreadingHTTPServer((host, port), Handler)

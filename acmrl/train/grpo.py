@@ -307,6 +307,12 @@ class GRPOTrainer:
         inner = self.acc.unwrap_model(self.model)
         if cfg.engine.kind == "vllm":
             return self._vllm_engine(inner)
+        if cfg.engine.kind == "openai":  # served rollouts: the adapter is synced to the servers
+            from acmrl.rollout.run import make_engine
+
+            engine = make_engine(cfg)
+            self._sync(engine, self.state["step"])
+            return engine
         from acmrl.engines.hf import HFEngine
 
         # the engine samples from the very parameters being trained (PEFT injects its LoRA
@@ -337,7 +343,8 @@ class GRPOTrainer:
         return engine
 
     def _sync(self, engine: Any, step: int) -> None:
-        """Hand the current adapter to vLLM (saved per process, published by a rename)."""
+        """Hand the current adapter to vLLM or the servers (saved per process, published by a
+        rename; a server reads it from this path, so ``output`` must be on a shared disk)."""
         import shutil
 
         root = self.out / "sync" / f"rank{self.acc.process_index}"
@@ -533,7 +540,7 @@ class GRPOTrainer:
             for s in ep.traj.steps
             for c in ([s.call] if s.call else []) + list(s.helper_calls)
         )
-        if self.cfg.engine.kind == "vllm":  # the next rollouts sample the updated adapter
+        if self.cfg.engine.kind in ("vllm", "openai"):  # the next rollouts sample the update
             self._sync(self.engine, step + 1)
         # every process's episodes, not only this one's share
         facts = [
