@@ -419,8 +419,17 @@ class EngineConfig:
     )
     timeout_s: float = option(120.0, "openai: seconds to wait for one completion", min=0.1)
     max_retries: int = option(4, "openai: retries per server with exponential backoff", min=0)
-    gpu_memory_utilization: float = option(
-        0.85, "vllm: share of GPU memory vLLM may take (leave room for training)", min=0.05, max=1.0
+    gpu_memory_utilization: float | None = option(
+        None,
+        "vllm: share of GPU memory vLLM may take; null: 0.85 alone (rollout, eval), 0.3 beside "
+        "a GRPO trainer (the update needs the rest)",
+        min=0.05,
+        max=1.0,
+    )
+    vllm_sleep: bool = option(
+        True,
+        "vllm beside a GRPO trainer on CUDA: sleep mode during the update (its weights go to "
+        "CPU memory and its KV cache is freed), woken for the next rollouts",
     )
     max_model_len: int | None = option(None, "vllm: longest sequence; null: the model's", min=64)
     max_lora_rank: int = option(64, "vllm: largest adapter rank it serves", min=1)

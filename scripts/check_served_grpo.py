@@ -43,6 +43,7 @@ def start(python: str, model_dir: Path, port: int, log: Path) -> subprocess.Pope
         cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
         cmd += ["--port", str(port), "--enable-lora", "--max-lora-rank", "8"]
         cmd += ["--max-model-len", "1024", "--dtype", "float32", "--enable-prefix-caching"]
+        cmd += ["--gpu-memory-utilization", "0.1"]  # on CPU: the share of RAM for KV blocks
     else:
         cmd = [python, "-m", "acmrl.cli", "serve", f"model.name={model_dir}", f"port={port}"]
         cmd += ["allow_adapter_loading=true"]
@@ -52,7 +53,8 @@ def start(python: str, model_dir: Path, port: int, log: Path) -> subprocess.Pope
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"the server exited ({proc.returncode}); its log: {log}")
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-120:])
+            raise SystemExit(f"the server exited ({proc.returncode}); the end of its log:\n{tail}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
                 return proc

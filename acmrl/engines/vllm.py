@@ -39,6 +39,7 @@ class VLLMEngine(Engine):
         dtype: str = "auto",
         max_model_len: int | None = None,
         gpu_memory_utilization: float = 0.85,
+        sleep_mode: bool = False,
         lora_path: str | None = None,
         enable_lora: bool = False,
         max_lora_rank: int = 64,
@@ -59,13 +60,32 @@ class VLLMEngine(Engine):
             kwargs["max_model_len"] = max_model_len
         if lora_path is not None or enable_lora:
             kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank)
+        import torch
+
+        # vLLM's sleep mode needs its CUDA memory pool; on other devices it stays off
+        self.sleep_mode = sleep_mode and torch.cuda.is_available()
+        if self.sleep_mode:
+            kwargs["enable_sleep_mode"] = True
         self.llm = vllm.LLM(**kwargs)
+        self._asleep = False
         self.tokenizer = self.llm.get_tokenizer()
         self._lora = None
         self._adapters = 0
         self.use_lora = lora_path is not None  # switch the adapter off to sample the base model
         if lora_path is not None:
             self.load_adapter(lora_path)
+
+    def sleep(self) -> None:
+        """Free the GPU memory for a training update: weights to CPU memory, KV cache dropped
+        (level 1; a no-op without sleep mode)."""
+        if self.sleep_mode and not self._asleep:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def wake_up(self) -> None:
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
 
     def load_adapter(self, path: str) -> None:
         """Serve the adapter in ``path`` from now on. Each call gets a new LoRA id, so vLLM loads

@@ -50,8 +50,14 @@ def make_engine(cfg: Any) -> Engine:
     )
 
 
-def vllm_engine(cfg: Any, enable_lora: bool = False) -> Engine:
-    """vLLM over ``cfg.model``; an adapter folder is served as a LoRA on its base model."""
+ALONE_MEMORY = 0.85  # vLLM alone on the GPU (rollout, eval, annotate)
+COLOCATED_MEMORY = 0.3  # beside a trainer: the weights, gradients and optimizer need the rest
+
+
+def vllm_engine(cfg: Any, enable_lora: bool = False, colocated: bool = False) -> Engine:
+    """vLLM over ``cfg.model``; an adapter folder is served as a LoRA on its base model.
+    ``colocated``: it shares the GPU with a trainer (GRPO): a smaller memory share by default
+    (TRL's colocate default, 0.3) and sleep mode on CUDA, so the update gets the memory back."""
     import json
     from pathlib import Path
 
@@ -71,7 +77,9 @@ def vllm_engine(cfg: Any, enable_lora: bool = False) -> Engine:
         str(where),
         dtype=cfg.model.dtype,
         max_model_len=e.max_model_len,
-        gpu_memory_utilization=e.gpu_memory_utilization,
+        gpu_memory_utilization=e.gpu_memory_utilization
+        or (COLOCATED_MEMORY if colocated else ALONE_MEMORY),
+        sleep_mode=colocated and e.vllm_sleep,
         lora_path=adapter,
         enable_lora=enable_lora,
         max_lora_rank=e.max_lora_rank,

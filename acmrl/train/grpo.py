@@ -338,7 +338,7 @@ class GRPOTrainer:
         if self.started_from_adapter:  # vLLM serves the merged SFT model build_model published
             base = inner.peft_config["default"].base_model_name_or_path
         cfg = dataclasses.replace(self.cfg, model=dataclasses.replace(self.cfg.model, name=base))
-        engine = vllm_engine(cfg, enable_lora=True)
+        engine = vllm_engine(cfg, enable_lora=True, colocated=True)
         self._sync(engine, self.state["step"])
         return engine
 
@@ -523,6 +523,8 @@ class GRPOTrainer:
                     self.log.write(ep.traj.to_dict())
         rewards, adv, terms = self.advantages(episodes)
         samples, sample_adv, flat = self.samples(episodes, adv)
+        if hasattr(self.engine, "sleep"):  # colocated vLLM frees its memory for the update
+            self.engine.sleep()
         t0 = time.perf_counter()
         n_any = int(self.acc.gather(torch.tensor([len(samples)], device=self.acc.device)).sum())
         metrics: dict[str, Any]
@@ -540,6 +542,8 @@ class GRPOTrainer:
             for s in ep.traj.steps
             for c in ([s.call] if s.call else []) + list(s.helper_calls)
         )
+        if hasattr(self.engine, "wake_up"):
+            self.engine.wake_up()
         if self.cfg.engine.kind in ("vllm", "openai"):  # the next rollouts sample the update
             self._sync(self.engine, step + 1)
         # every process's episodes, not only this one's share
