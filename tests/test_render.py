@@ -207,3 +207,123 @@ def test_rendered_prompt_contains_system_tools_and_state(tokenizer):
     assert "<|im_start|>user\n<tool_response>\nresult\n</tool_response><|im_end|>\n" in text
     assert text.endswith("<|im_start|>assistant\n")
     assert r.ids(state) == tokenizer.encode(text, add_special_tokens=False)
+
+
+# --- incremental rendering: the Python twin of the template, and ids from cached pieces ---------
+
+SPECIAL = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "</tool_response>"]
+# anything a tool or a model may produce: unicode, whitespace runs, special-token strings
+wild = st.lists(
+    st.text(max_size=16) | st.sampled_from([*SPECIAL, "\n", "\n\n", " ", "  ", "é", "🙂", "\t"]),
+    max_size=5,
+).map("".join)
+wild_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | wild,
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(wild, c, max_size=3),
+    max_leaves=6,
+)
+
+
+@st.composite
+def wild_states(draw):
+    """Valid States of every item kind with unicode, special-token strings and odd arguments."""
+
+    said = wild.filter(str.strip)  # a message says something
+
+    def parts(kind: str) -> list[dict[str, str]]:
+        texts = [draw(said), *draw(st.lists(wild, max_size=2))]
+        return [{"type": kind, "text": t} for t in texts]
+
+    state = [user(draw(said))]
+    n = 0
+    for _ in range(draw(st.integers(0, 5))):
+        if draw(st.booleans()):
+            msg = assistant(draw(said))
+            if draw(st.booleans()):
+                msg["content"] = parts("output_text")
+            state.append(msg)
+        k = draw(st.integers(0, 3))
+        ids = [f"c{n + i}" for i in range(k)]
+        n += k
+        for cid in ids:
+            args = draw(st.dictionaries(wild, wild_json, max_size=3))
+            state.append(function_call(cid, draw(st.sampled_from(["free", "search"])), args))
+        for cid in ids:
+            out = draw(wild) if draw(st.booleans()) else parts("input_text")
+            state.append(function_call_output(cid, out))
+        if draw(st.booleans()):
+            msg = user(draw(said))
+            if draw(st.booleans()):
+                msg["content"] = parts("input_text")
+            state.append(msg)
+    validate(state)
+    return state
+
+
+@given(
+    state=wild_states(),
+    system=st.none() | wild,
+    tools=st.sampled_from([[], TOOLS]),
+    gen=st.booleans(),
+)
+@settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_python_template_renders_what_the_jinja_template_renders(
+    tokenizer, state, system, tools, gen
+):
+    from acmrl.context.render import acmrl_chat_template, chatml_tools_text
+
+    r = Renderer(tokenizer, system_prompt=system, tools=tools)
+    assert r.chat_template == acmrl_chat_template()
+    jinja = tokenizer.apply_chat_template(
+        r.messages(state),
+        tools=tools or None,
+        chat_template=acmrl_chat_template(),
+        tokenize=False,
+        add_generation_prompt=gen,
+    )
+    assert chatml_tools_text(r.messages(state), tools, gen) == jinja
+
+
+CASES = {"ids": 0}
+
+
+@given(state=wild_states(), edit=wild, own=st.booleans(), data=st.data())
+@settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_ids_from_cached_pieces_equal_a_whole_tokenisation(tokenizer, state, edit, own, data):
+    """Turn by turn (each prefix of the State) and after an edit of one item, the ids built from
+    cached pieces equal tokenising the whole render, for acmrl's template and the model's own."""
+    r = Renderer(
+        tokenizer,
+        system_prompt="You are an agent.",
+        tools=TOOLS,
+        chat_template=tokenizer.chat_template if own else None,
+    )
+    assert r._pieces.exact
+    if own:  # SmolLM2's own template takes string contents only
+        for item in state:
+            for key in ("content", "output"):
+                if isinstance(item.get(key), list):
+                    joined = "\n".join(p["text"] for p in item[key])
+                    item[key] = [{**item[key][0], "text": joined}] if key == "content" else joined
+    for end in range(1, len(state) + 1):
+        for gen in (True, False):
+            whole = tokenizer.encode(r.text(state[:end], gen), add_special_tokens=False)
+            assert r.ids(state[:end], gen) == whole
+            CASES["ids"] += 1
+    i = data.draw(st.integers(0, len(state) - 1))
+    edited = [dict(item) for item in state]
+    if edited[i]["type"] == "message":
+        text = edit if edit.strip() else "edited"
+        edited[i]["content"] = [{"type": edited[i]["content"][0]["type"], "text": text}]
+    elif edited[i]["type"] == "function_call_output":
+        edited[i]["output"] = edit
+    whole = tokenizer.encode(r.text(edited), add_special_tokens=False)
+    assert r.ids(edited) == whole
+    CASES["ids"] += 1
+    CASES["examples"] = CASES.get("examples", 0) + 1
+    assert r._pieces.hits > 0 or len(state) == 1
+    print(f"\rcached-piece ids checked: {CASES['ids']} inputs in {CASES['examples']} States", end="")

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from acmrl.context.jsworker import SandboxRefused, worker
-from acmrl.context.prefix import cache_cost, compaction_cost, reusable_prefix
+from acmrl.context.prefix import compaction_cost, reusable_prefix
 from acmrl.context.state import EVOLVE_TOOL, FunctionCallOutput, State, StateError, validate
 
 if TYPE_CHECKING:
@@ -202,7 +202,7 @@ def _measure(
     if call_tokens is None:
         call_tokens = renderer.count(format_tool_call(call["name"], call["arguments"]))
     prefix = reusable_prefix(before_ids, after_ids)
-    cost = cache_cost(before_ids, after_ids)
+    cost = len(after_ids) - prefix  # cache_cost, without a second scan
     return {
         "tokens_before": len(before_ids),
         "tokens_after": len(after_ids),

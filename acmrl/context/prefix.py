@@ -28,17 +28,14 @@ def reusable_prefix(before_ids: Sequence[int], after_ids: Sequence[int]) -> int:
     2
     """
     n = min(len(before_ids), len(after_ids))
-    if list(before_ids[:n]) == list(after_ids[:n]):
-        return n
-    # binary search on the first mismatch: slices compare in C, so this is fast on long inputs
-    lo, hi = 0, n  # invariant: prefix of length lo matches, of length hi does not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if list(before_ids[:mid]) == list(after_ids[:mid]):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    # one pass in chunks (slices compare in C), then the first differing chunk element by element
+    step = 2048
+    for start in range(0, n, step):
+        end = min(n, start + step)
+        a, b = before_ids[start:end], after_ids[start:end]
+        if list(a) != list(b):
+            return start + next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
+    return n
 
 
 def cache_cost(before_ids: Sequence[int], after_ids: Sequence[int]) -> int:

@@ -161,6 +161,7 @@ class Renderer:
             own = renders_hermes_tools(self.tokenizer)
             self.chat_template = self.tokenizer.chat_template if own else acmrl_chat_template()
         self._own_args_as_dict = self.chat_template != acmrl_chat_template()
+        self._pieces = PieceCache(self.tokenizer)
 
     def messages(self, state: State) -> list[dict[str, Any]]:
         msgs = state_to_messages(state)
@@ -173,6 +174,8 @@ class Renderer:
         return msgs
 
     def text(self, state: State, add_generation_prompt: bool = True) -> str:
+        if self.chat_template == acmrl_chat_template():  # its Python twin, ~10x faster
+            return chatml_tools_text(self.messages(state), self.tools, add_generation_prompt)
         return self.tokenizer.apply_chat_template(
             self.messages(state),
             tools=self.tools or None,
@@ -186,10 +189,148 @@ class Renderer:
         return self.encode(self.text(state, add_generation_prompt))
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        """``tokenizer.encode(text, add_special_tokens=False)``, id for id, tokenising only the
+        pieces between special tokens that this renderer has not seen (:class:`PieceCache`)."""
+        return self._pieces.encode(text)
 
     def count(self, text: str) -> int:
         return len(self.encode(text))
+
+
+def _text(content: str | list[dict[str, Any]]) -> str:
+    return content if isinstance(content, str) else "\n".join(p["text"] for p in content)
+
+
+@cache
+def _tools_header(tools_json: str) -> str:
+    lines = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in json.loads(tools_json))
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+        + lines
+        + "\n</tools>\n\nFor each function call, return a json object with function name and "
+        "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
+
+
+def chatml_tools_text(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]], add_generation_prompt: bool
+) -> str:
+    """What ``templates/chatml_tools.jinja`` renders, in Python (the template costs ~4 ms per
+    100 KB of context through jinja; this ~0.3 ms). tests/test_render.py checks that the two
+    agree character for character on random States."""
+    out: list[str] = []
+    has_system = bool(messages) and messages[0]["role"] == "system"
+    if has_system or tools:
+        out.append("<|im_start|>system\n")
+        if has_system:
+            out.append(_text(messages[0]["content"]))
+        if tools:
+            if has_system:
+                out.append("\n\n")
+            out.append(_tools_header(json.dumps(tools, ensure_ascii=False)))
+        out.append("<|im_end|>\n")
+    n = len(messages)
+    for i, m in enumerate(messages):
+        role = m["role"]
+        if role == "system":
+            if i:
+                raise ValueError("a system message must come first")
+        elif role == "user":
+            out += ("<|im_start|>user\n", _text(m["content"]), "<|im_end|>\n")
+        elif role == "assistant":
+            out.append("<|im_start|>assistant\n")
+            body = _text(m["content"]) if m.get("content") else ""
+            out.append(body)
+            for k, call in enumerate(m.get("tool_calls") or []):
+                fn = call.get("function", call)
+                if body or k:
+                    out.append("\n")
+                args = fn["arguments"]
+                if not isinstance(args, str):
+                    args = json.dumps(args, ensure_ascii=False)
+                name = json.dumps(fn["name"], ensure_ascii=False)
+                out += ('<tool_call>\n{"name": ', name, ', "arguments": ', args, "}\n</tool_call>")
+            out.append("<|im_end|>\n")
+        elif role == "tool":
+            if i == 0 or messages[i - 1]["role"] != "tool":
+                out.append("<|im_start|>user")
+            out += ("\n<tool_response>\n", _text(m["content"]), "\n</tool_response>")
+            if i == n - 1 or messages[i + 1]["role"] != "tool":
+                out.append("<|im_end|>\n")
+        else:
+            raise ValueError(f"unknown role {role}")
+    if add_generation_prompt:
+        out.append("<|im_start|>assistant\n")
+    return "".join(out)
+
+
+class PieceCache:
+    """Token ids of a text from cached pieces: a turn tokenises only what changed.
+
+    A Hugging Face tokenizer cuts its input at every added token (``<|im_start|>``,
+    ``<|im_end|>``, ...) before the model's own pre-tokenizer and BPE see it, so the ids of a
+    text are the ids of its pieces between added tokens, concatenated with the added tokens' own
+    ids. Every chat message is such a piece, so the rendered input of the next turn differs from
+    the last one's by a few pieces (the new messages, the items an edit changed); their ids are
+    kept here, keyed by the piece's text, in a bounded LRU cache. Where that cut is not exact,
+    every text is tokenised whole (``exact`` is False): a slow (Python) tokenizer, an added
+    token that strips the whitespace beside it or matches single words only, or a normaliser
+    (it could rewrite text across a cut). tests/test_render.py checks the identity on random
+    States for the embedded tokenizer and the shipped chat templates.
+    """
+
+    def __init__(self, tokenizer: Any, max_chars: int = 8_000_000) -> None:
+        from collections import OrderedDict
+
+        self.tokenizer = tokenizer
+        self.max_chars = max_chars
+        self.cache: OrderedDict[str, list[int]] = OrderedDict()
+        self.chars = 0
+        self.hits = self.misses = 0
+        added = dict(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self.exact = (
+            bool(added)
+            and backend is not None
+            and backend.normalizer is None
+            and not any(t.lstrip or t.rstrip or t.single_word for t in added.values())
+        )
+        self.added = {t.content: i for i, t in added.items()}
+        longest_first = sorted(self.added, key=len, reverse=True)
+        self.cut = (
+            re.compile("(" + "|".join(map(re.escape, longest_first)) + ")") if added else None
+        )
+
+    def _whole(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def encode(self, text: str) -> list[int]:
+        if not self.exact:
+            return self._whole(text)
+        ids: list[int] = []
+        for n, piece in enumerate(self.cut.split(text)):
+            if n % 2:  # the split's captured groups: added tokens
+                ids.append(self.added[piece])
+            elif piece:
+                ids += self._piece(piece)
+        return ids
+
+    def _piece(self, piece: str) -> list[int]:
+        got = self.cache.get(piece)
+        if got is not None:
+            self.cache.move_to_end(piece)
+            self.hits += 1
+            return got
+        self.misses += 1
+        got = self._whole(piece)
+        self.cache[piece] = got
+        self.chars += len(piece)
+        while self.chars > self.max_chars and len(self.cache) > 1:
+            old, _ = self.cache.popitem(last=False)
+            self.chars -= len(old)
+        return got
 
 
 # ---------------------------------------------------------------------------------------------
