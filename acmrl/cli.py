@@ -313,11 +313,21 @@ def eval_(
     config: ConfigOpt = None,
     overrides: Overrides = None,
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="compare: write the table here too")
+        Path | None,
+        typer.Option("--output", "-o", help="compare / report: write the table here too"),
     ] = None,
 ) -> None:
-    """Evaluate a model per arm and write a report; `acmrl eval compare A B` compares two."""
+    """Evaluate a model per arm and write a report; `acmrl eval compare A B` compares two runs,
+    `acmrl eval report A B C ...` puts several benchmarks in one Table 2."""
     args = list(overrides or [])
+    if args and args[0] == "report":
+        from acmrl.eval.multi import multi_report
+
+        try:
+            typer.echo(multi_report(args[1:], output))
+        except ValueError as exc:
+            fail(str(exc))
+        return
     if args and args[0] == "compare":
         if len(args) != 3:
             fail("usage: acmrl eval compare RESULTS_A RESULTS_B [--output FILE]")

@@ -147,3 +147,29 @@ def test_eval_writes_a_full_report_and_compare_reads_two(tmp_path, tokenizer):
 def test_compare_needs_result_folders(tmp_path):
     with pytest.raises(ValueError, match=r"no report\.json"):
         compare(tmp_path, tmp_path)
+
+
+def test_report_over_benchmarks_says_where_a_gain_holds(tmp_path, tokenizer):
+    """Two oracle-driven evals: a tight budget (react overflows, acm wins) and a loose one (no
+    gain): one table with a row per (benchmark, arm) and a note that the gain holds on one only."""
+    from acmrl.eval.multi import multi_report
+
+    for seed, budget in ((0, 1400), (1, 16000)):
+        env = load("kb_search", preset="tiny", seed=seed)
+        cfg = EvalConfig(output=str(tmp_path / f"s{seed}"), arms=["react", "acm"])
+        cfg.env.options = {"preset": "tiny", "seed": seed}
+        cfg.env.limit = 3
+        cfg.agent.max_context_tokens = budget
+        run_eval(cfg, engine=oracle_engine(env, tokenizer))
+    text = multi_report([tmp_path / "s0", tmp_path / "s1"], output=tmp_path / "table.md")
+    rows = [line for line in text.splitlines() if line.startswith("| kb_search")]
+    assert len(rows) == 4, text
+    assert rows[1].startswith("| kb_search (preset tiny, seed 0) | acm | 1.000")
+    assert (
+        "acm: its Pass@1 gain over react holds on kb_search (preset tiny, seed 0) only; "
+        "none on kb_search (preset tiny, seed 1)." in text
+    )
+    assert (tmp_path / "table.md").read_text() == text
+    assert "compress loops/ep" in (tmp_path / "s0" / "report.md").read_text()
+    with pytest.raises(ValueError, match=r"no report\.json"):
+        multi_report([tmp_path])

@@ -326,4 +326,6 @@ def test_ids_from_cached_pieces_equal_a_whole_tokenisation(tokenizer, state, edi
     CASES["ids"] += 1
     CASES["examples"] = CASES.get("examples", 0) + 1
     assert r._pieces.hits > 0 or len(state) == 1
-    print(f"\rcached-piece ids checked: {CASES['ids']} inputs in {CASES['examples']} States", end="")
+    print(
+        f"\rcached-piece ids checked: {CASES['ids']} inputs in {CASES['examples']} States", end=""
+    )

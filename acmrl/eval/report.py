@@ -33,6 +33,7 @@ from typing import Any
 
 from acmrl.config import ARMS
 from acmrl.context.prefix import reusable_prefix
+from acmrl.rewards import compress_loops
 from acmrl.rollout.records import Trajectory
 
 COMPACTIONS = ("manage_context", "evolve", "summary")
@@ -107,6 +108,13 @@ def episode_row(t: Trajectory, budget: int) -> dict[str, Any]:
         "peak_context_tokens": int(m.get("peak_context_tokens", 0)),
         "budget": budget,
         "compactions": int(m.get("compactions", 0)),
+        "compress_loops": compress_loops(
+            {
+                "actions": s.actions,
+                "events": [{"kind": e.kind, "applied": e.applied} for e in s.events],
+            }
+            for s in t.steps
+        ),
         "failed_edits": sum(not e.applied and e.kind != "query_memory" for e in events),
         "compaction_cost": float(m.get("compaction_cost", 0.0)),
         "compaction_at": [
@@ -205,6 +213,7 @@ def arm_summary(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
         "max_peak_context_tokens": max((r["peak_context_tokens"] for r in rows), default=0),
         "budget": max((r["budget"] for r in rows), default=0),
         "compactions": _mean(rows, "compactions"),
+        "compress_loops": sum(r.get("compress_loops", 0) for r in rows) / n if n else 0.0,
         "failed_edits": sum(r.get("failed_edits", 0) for r in rows) / n if n else 0.0,
         "compaction_cost": _mean(rows, "compaction_cost"),
         "compaction_cost_budget": sum(r["compaction_cost"] / r["budget"] for r in rows) / n
