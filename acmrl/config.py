@@ -338,6 +338,19 @@ class AgentConfig:
         max=1.0,
     )
     summary_max_tokens: int = option(256, "most tokens a summary may have", min=8)
+    summary_format: Literal["notes", "structured"] = option(
+        "notes",
+        "the summariser's memory: notes (first-person fact list) or structured (the ACM "
+        "reference's 'Knowledge state' and 'Thoughts' sections)",
+    )
+    summariser_prompt: str | None = option(
+        None,
+        "your own summariser prompt ({task} and {steps} are filled in); null: summary_format's",
+    )
+    querier_prompt: str | None = option(
+        None,
+        "your own query_memory prompt ({summary_id}, {steps}, {query} filled in); null: acmrl's",
+    )
     query_max_tokens: int = option(128, "most tokens a query_memory extract may have", min=8)
     output_weight: float = option(
         1.0, "price of one generated token in uncached input tokens, for Compaction Cost", min=0.0
@@ -372,6 +385,20 @@ class AgentConfig:
         min=0.05,
         max=1.0,
     )
+
+    def check(self) -> None:
+        for name, need in (
+            ("summariser_prompt", ("{task}", "{steps}")),
+            ("querier_prompt", ("{summary_id}", "{steps}", "{query}")),
+        ):
+            text = getattr(self, name)
+            if text is not None:
+                missing = [p for p in need if p not in text]
+                if missing:
+                    raise ConfigError(
+                        f"agent.{name}: the prompt must contain {', '.join(need)}; "
+                        f"missing {', '.join(missing)}"
+                    )
 
 
 ARMS = ("react", "summary", "acm", "evolve")

@@ -118,3 +118,32 @@ def test_reasoned_answers_restate_the_key_fact_not_the_answer(world, tokenizer):
     )
     assert task.answer not in rationale  # what it looks for, never the answer itself
     assert task.metadata["key_fact"] in tokenizer.decode(last.call.prompt_ids)  # in view
+
+
+def test_structured_memory_format_from_the_summariser_prompt(world, tokenizer):
+    """agent.summary_format=structured: the summariser is asked for the reference's two sections,
+    and the teacher's summaries (the student's targets) come in them, still grounded."""
+    from acmrl.config import ConfigError, RolloutConfig, load_config
+
+    # its section headers cost ~25 tokens per summary: at 1,400 half of these runs overflow
+    # (16 tasks: notes 16 succeed, structured 8), so the budget here is 1,600
+    agent = AgentConfig(
+        max_turns=12, max_context_tokens=1600, context_signal=True, summary_format="structured"
+    )
+    runs = demonstrate(
+        world,
+        world.tasks("train")[:6],
+        ["acm"],
+        tokenizer,
+        agent=agent,
+        sampling=SamplingConfig(max_new_tokens=96),
+        pressure=0.75,
+    )
+    calls = [c for d in runs for s in d.steps for c in s.helper_calls]
+    assert calls and sum(d.score >= 1 for d in runs) >= 5
+    for call in calls:
+        assert "Knowledge state:" in tokenizer.decode(call.prompt_ids)
+        summary = tokenizer.decode(call.completion_ids[:-1])
+        assert summary.startswith("Knowledge state:\n- ") and "\nThoughts:\n- " in summary
+    with pytest.raises(ConfigError, match=r"agent\.summariser_prompt: .* missing \{steps\}"):
+        load_config(RolloutConfig, None, ["agent.summariser_prompt=Summarise {task}"])

@@ -458,7 +458,7 @@ class Episode:
         return last + 1
 
     def _summarise(self, items: State, on_done: Callable[[str, ModelCall], None]) -> Request:
-        text = prompts.SUMMARISER_PROMPT.format(
+        text = prompts.summariser_prompt(self.agent).format(
             task=self.task.prompt, steps=prompts.items_text(items)
         )
         ids = self.helper_renderer.encode(
@@ -501,7 +501,7 @@ class Episode:
         except ArchiveError as exc:
             self._output(call_id, f"Error: {exc}")
             return None
-        text = prompts.QUERIER_PROMPT.format(
+        text = prompts.querier_prompt(self.agent).format(
             summary_id=sid, steps=prompts.items_text(items), query=args["query"]
         )
         ids = self.helper_renderer.encode(

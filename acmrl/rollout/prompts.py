@@ -51,6 +51,30 @@ Steps to summarise:
 Write a concise summary of these steps in the first person. Keep every fact, name, number, year and
 document id the task may still need; drop everything else. Write only the summary."""
 
+STRUCTURED_PROMPT = """Task of the agent:
+{task}
+
+Steps to summarise:
+{steps}
+
+Write the agent's memory of these steps in the first person, in two sections:
+Knowledge state: every fact, name, number, year and document id the task may still need, one per
+line starting with "- ".
+Thoughts: what I have done, what I will do next and why, one per line starting with "- ".
+Write only the two sections, each headed by its name and a colon."""
+
+SUMMARY_PROMPTS = {"notes": SUMMARISER_PROMPT, "structured": STRUCTURED_PROMPT}
+
+
+def summariser_prompt(agent: Any) -> str:
+    """The run's summariser prompt: its own, else the one of ``agent.summary_format``."""
+    return agent.summariser_prompt or SUMMARY_PROMPTS[agent.summary_format]
+
+
+def querier_prompt(agent: Any) -> str:
+    return agent.querier_prompt or QUERIER_PROMPT
+
+
 QUERIER_SYSTEM = "You extract the facts an agent asks for from its archived notes."
 
 QUERIER_PROMPT = """Archived steps {summary_id}:

@@ -176,7 +176,7 @@ class Demonstrator:
         student, its own summariser, can learn to write it): the sentences of the documents read
         there that the question needs, verbatim; the documents found there that are still to be
         read; and which documents were read."""
-        steps = prompt.split("Steps to summarise:", 1)[-1].split("\n\nWrite a concise", 1)[0]
+        steps = prompt.split("Steps to summarise:", 1)[-1].split("\n\nWrite ", 1)[0]
         gold = self.task.metadata.get("gold_docs", [])
         facts: list[str] = []
         found: dict[str, str] = {}
@@ -200,14 +200,18 @@ class Demonstrator:
                 if f.split(" is ")[-1].rstrip(".") in steps
             ]
         lines = [f"- {f}" for f in facts]
-        lines += [
+        plan = [
             f"- To read next: {doc_id} ({title})."
             for doc_id, title in found.items()
             if doc_id in gold and doc_id not in self.opened
         ]
         if read:
-            lines.append(f"- Documents read: {', '.join(read)}.")
-        return "\n".join(lines) or "- Nothing needed has been found yet."
+            plan.append(f"- Documents read: {', '.join(read)}.")
+        if "Knowledge state:" in prompt:  # agent.summary_format=structured: the two sections
+            known = "\n".join(lines) or "- Nothing needed has been found yet."
+            thoughts = "\n".join(plan) or "- I keep searching for what the task needs."
+            return f"Knowledge state:\n{known}\nThoughts:\n{thoughts}"
+        return "\n".join(lines + plan) or "- Nothing needed has been found yet."
 
 
 def demonstrate(
