@@ -401,7 +401,7 @@ class AgentConfig:
                     )
 
 
-ARMS = ("react", "summary", "acm", "evolve")
+ARMS = ("react", "summary", "memory", "acm", "evolve")
 
 
 def check_arms(arms: list[str]) -> None:

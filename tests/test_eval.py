@@ -173,3 +173,23 @@ def test_report_over_benchmarks_says_where_a_gain_holds(tmp_path, tokenizer):
     assert "compress loops/ep" in (tmp_path / "s0" / "report.md").read_text()
     with pytest.raises(ValueError, match=r"no report\.json"):
         multi_report([tmp_path])
+
+
+def test_every_arm_on_kb_search_tiny_driven_by_the_oracle(tmp_path, tokenizer):
+    """The five responses to a growing history side by side (Table 2), the same oracle policy
+    in each: react overflows at 1,400 tokens, the context-managing arms do not; the memory arm's
+    reflections are counted as summariser calls and charged as compactions."""
+    env = load("kb_search", preset="tiny", seed=0)
+    arms = ["react", "summary", "memory", "acm", "evolve"]
+    cfg = EvalConfig(output=str(tmp_path / "all"), arms=arms)
+    cfg.env.options = {"preset": "tiny", "seed": 0}
+    cfg.agent.max_context_tokens = 1400
+    cfg.agent.context_signal = True
+    report = run_eval(cfg, engine=oracle_engine(env, tokenizer))
+    assert list(report["arms"]) == arms
+    memory = report["arms"]["memory"]
+    assert memory["pass@1"] == 1.0 and memory["overflow"] == 0.0
+    assert memory["summariser_calls"] >= memory["tool_calls"] - 1  # one reflection per result
+    assert memory["compaction_cost"] > 0
+    assert report["arms"]["react"]["overflow"] > 0.5
+    print((tmp_path / "all" / "report.md").read_text().split("\n## Details")[0])

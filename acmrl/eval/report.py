@@ -36,7 +36,7 @@ from acmrl.context.prefix import reusable_prefix
 from acmrl.rewards import compress_loops
 from acmrl.rollout.records import Trajectory
 
-COMPACTIONS = ("manage_context", "evolve", "summary")
+COMPACTIONS = ("manage_context", "evolve", "summary", "memory")
 
 
 def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:

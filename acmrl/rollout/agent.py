@@ -78,6 +78,8 @@ class Episode:
         self.helper_renderer = Renderer(tokenizer, None, [])
         self.state: State = [user(task.prompt)]
         self.archive = Archive() if arm == "acm" else None
+        self.memory = ""  # the memory arm's external store (what the reflections kept)
+        self._raw: list[str] = []  # memory arm: call ids whose raw results are still in context
         self.phase = "generate"
         self.turn = 0
         self.queue: list[ToolCall] = []
@@ -356,6 +358,9 @@ class Episode:
         if call.name == EVOLVE_TOOL:
             self._evolve(call)
             return None
+        if call.name == prompts.READ_MEMORY:
+            self._output(call_id, self.memory or "My memory is empty.")
+            return None
         key = (call.name, json.dumps(call.arguments, sort_keys=True))
         if self.agent.repeat_rule and call.name != ANSWER_TOOL and key in self._env_calls:
             self._output(call_id, repeated_call(call.name, self._env_calls[key]))
@@ -365,6 +370,9 @@ class Episode:
         self._output(call_id, obs if isinstance(obs, str) else json.dumps(obs))
         if self.session.done:
             self.queue.clear()  # nothing runs after the answer
+            return None
+        if self.arm == "memory":
+            return self._reflect(call_id)
         return None
 
     def _output(self, call_id: str, text: str) -> None:
@@ -525,6 +533,41 @@ class Episode:
 
         return self._ask("querier", ids, self.agent.query_max_tokens, done)
 
+    # -- memory arm: background reflection --------------------------------------------------------
+
+    def _reflect(self, call_id: str) -> Request:
+        """Distil the new call and its result into the memory (a helper call of its own, counted
+        as the summariser's); results the agent has already acted on leave the context."""
+        items = self.state[-2:]
+        text = prompts.REFLECT_PROMPT.format(
+            task=self.task.prompt,
+            memory=self.memory or "(empty)",
+            steps=prompts.items_text(items),
+        )
+        ids = self.helper_renderer.encode(
+            self.helper_renderer.tokenizer.apply_chat_template(
+                prompts.helper_messages(prompts.SUMMARISER_SYSTEM, text),
+                tokenize=False,
+                add_generation_prompt=True,
+            )
+        )
+
+        def done(c: Completion) -> None:
+            assert self._step is not None
+            helper = self._record("summariser", ids, c)
+            self.memory = c.text.strip() or self.memory
+            moved = set(self._raw)
+            for item in self.state:
+                if item["type"] == "function_call_output" and item["call_id"] in moved:
+                    item["output"] = prompts.MOVED
+            self._raw = [call_id]
+            self._step.helper_calls.append(helper)
+            self._step.events.append(
+                self._event("memory", 0, helper, detail=f"moved {len(moved)} results")
+            )
+
+        return self._ask("summariser", ids, self.agent.summary_max_tokens, done)
+
     # -- summary arm: the monitor -----------------------------------------------------------------
 
     def _on_summarise(self) -> Request | None:
@@ -569,7 +612,11 @@ class Episode:
 
 def arm_tools(env_tools: list[dict[str, Any]], arm: str) -> list[dict[str, Any]]:
     """The tools of an arm: the environment's, plus the arm's context tools."""
-    extra = {"acm": prompts.ACM_TOOLS, "evolve": [EVOLVE_TOOL_SCHEMA]}.get(arm, [])
+    extra = {
+        "acm": prompts.ACM_TOOLS,
+        "evolve": [EVOLVE_TOOL_SCHEMA],
+        "memory": prompts.MEMORY_TOOLS,
+    }.get(arm, [])
     return [*env_tools, *extra]
 
 

@@ -20,8 +20,20 @@ ACM_PROMPT = (
     "archived block. Compact before your context is full, and keep facts you will need later."
 )
 
+MEMORY_PROMPT = (
+    "You have a memory outside your context. After each tool result a background reflection "
+    "writes what matters into it, and once you have acted on a result the raw result leaves your "
+    "context. `read_memory()` shows your memory."
+)
+
 MANAGE_CONTEXT = "manage_context"
 QUERY_MEMORY = "query_memory"
+READ_MEMORY = "read_memory"
+MOVED = "(moved to memory; read_memory() shows what was kept)"
+
+MEMORY_TOOLS = [
+    tool_schema(READ_MEMORY, "Show your memory: what the reflections kept from your steps.", {})
+]
 
 ACM_TOOLS = [
     tool_schema(
@@ -75,6 +87,19 @@ def querier_prompt(agent: Any) -> str:
     return agent.querier_prompt or QUERIER_PROMPT
 
 
+REFLECT_PROMPT = """Task of the agent:
+{task}
+
+Memory so far:
+{memory}
+
+Steps to summarise:
+{steps}
+
+Write the agent's updated memory in the first person: what the memory so far holds that the task
+may still need, and every fact, name, number, year and document id of these steps the task may
+still need. Write only the memory."""
+
 QUERIER_SYSTEM = "You extract the facts an agent asks for from its archived notes."
 
 QUERIER_PROMPT = """Archived steps {summary_id}:
@@ -90,6 +115,8 @@ def system_prompt(arm: str, budget: int, state_prompt: str) -> str:
         return f"{BASE_PROMPT}\n\n{ACM_PROMPT.format(budget=budget)}"
     if arm == "evolve":
         return f"{BASE_PROMPT}\n\n{state_prompt}"
+    if arm == "memory":
+        return f"{BASE_PROMPT}\n\n{MEMORY_PROMPT}"
     return BASE_PROMPT
 
 

@@ -84,6 +84,7 @@ class Demonstrator:
         self.done: list[tuple[str, str]] = []
         self.opened: set[str] = set()  # documents read, whether still in context or not
         self.compacted = False  # a compaction since the last environment call
+        self.read_memory = False  # memory arm: the memory was read since the last env call
 
     def __call__(self, session_id: str, prompt: str) -> str:
         if session_id.endswith("/summariser"):
@@ -123,12 +124,20 @@ class Demonstrator:
                 "evolve",
                 {"code": EVOLVE_KEEP_FACTS},
             )
+        if self.arm == "memory" and not self.read_memory and self.done:
+            # what moved to memory is read back before searching again or answering from it
+            again = name == "search" and (name, json.dumps(args, sort_keys=True)) in self.done
+            if again or (name == "answer" and str(args.get("text", "")) not in prompt):
+                self.read_memory = True
+                return self._turn(
+                    "What I need has moved to my memory; I will read it.", "read_memory", {}
+                )
         if name == "answer" and str(args.get("text", "")) not in prompt:
             # the answer must come from what the context shows: read its document again
             last = self.task.metadata.get("gold_docs", [""])[-1]
             name, args = ("open", {"doc_id": last}) if last in prompt else self._search_last()
         self.done.append((name, json.dumps(args, sort_keys=True)))
-        self.compacted = False
+        self.compacted = self.read_memory = False
         why = self._answer_rationale(prompt) if name == "answer" else None
         return self._turn(why or _describe(name, args), name, args)
 
@@ -199,6 +208,19 @@ class Demonstrator:
                 for f in self.task.metadata.get("facts", [])
                 if f.split(" is ")[-1].rstrip(".") in steps
             ]
+        if "Memory so far:" in prompt:  # the memory arm's reflection: merge into the memory
+            prior = prompt.split("Memory so far:\n", 1)[1].split("\n\nSteps to summarise:")[0]
+            kept: list[str] = []
+            for line in prior.splitlines():
+                line = line.removeprefix("- ").strip()
+                if line.startswith("To read next: "):
+                    doc_id, _, title = line[14:].partition(" (")
+                    found.setdefault(doc_id, title.rstrip(").").strip())
+                elif line.startswith("Documents read: "):
+                    read = [*line[16:].rstrip(".").split(", "), *read]
+                elif line and line not in facts and not line.startswith(("Nothing", "(empty")):
+                    kept.append(line)
+            facts = [*kept, *facts]
         lines = [f"- {f}" for f in facts]
         plan = [
             f"- To read next: {doc_id} ({title})."
@@ -206,7 +228,7 @@ class Demonstrator:
             if doc_id in gold and doc_id not in self.opened
         ]
         if read:
-            plan.append(f"- Documents read: {', '.join(read)}.")
+            plan.append(f"- Documents read: {', '.join(dict.fromkeys(read))}.")
         if "Knowledge state:" in prompt:  # agent.summary_format=structured: the two sections
             known = "\n".join(lines) or "- Nothing needed has been found yet."
             thoughts = "\n".join(plan) or "- I keep searching for what the task needs."
