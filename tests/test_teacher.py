@@ -382,3 +382,58 @@ def test_injected_compaction_switches_a_react_run_to_acm(env, tiny):
     for s in samples:  # no replayed turn is a target
         targets = [t for t, w in zip(s.token_ids, s.weights, strict=True) if w > 0]
         assert not any(r and targets[: len(r)] == r for r in replayed)
+
+
+def test_teacher_evolve_edits_keep_what_the_plan_still_needs():
+    """The generic keep-facts program, run in the sandbox on a real State, keeps the ids and the
+    facts the expert plan needs; a program that drops them is refused, naming what it dropped."""
+    from acmrl.context.state import function_call, function_call_output, user
+    from acmrl.teacher.evolve_edits import dropped, keep_facts_code, needed_terms, still_needed
+
+    env = load("kb_search", preset="tiny", seed=0)
+    task = env.tasks("eval")[0]
+    plan = env.oracle_plan(task)
+    session = env.session(task)
+    state = [user(task.prompt)]
+    for i, (name, args) in enumerate(plan[:4]):
+        state += [
+            function_call(f"c{i}", name, args),
+            function_call_output(f"c{i}", session.call(name, args)),
+        ]
+    rationale = "My context is nearly full, so I will cut what I have read down to its facts now."
+    terms = needed_terms(task, plan)
+    assert task.answer not in json.dumps(terms)  # the program never holds the answer
+    code = keep_facts_code(task, plan)
+    ok = Assessment("injection", 3, {"name": "evolve", "arguments": {"code": code}}, rationale, "t")
+    needed = still_needed(task, plan)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "evolve",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"code": {"type": "string"}},
+                    "required": ["code"],
+                },
+            },
+        }
+    ]
+    seen = json.dumps(state)
+    assert (
+        validate(ok, seen=seen, reference=task.answer, tools=tools, state=state, needed=needed)
+        == []
+    )
+    from acmrl.context.evolve import apply_evolve, evolve_call
+
+    after = apply_evolve([*state, evolve_call("e", code)]).state[: len(state)]
+    assert len(json.dumps(after)) < len(json.dumps(state)) * 0.8  # it did cut
+    assert not dropped(state, after, needed)
+    wipe = "return state.map(i => i.type === 'function_call_output' ? {...i, output: 'x'} : i);"
+    bad = Assessment(
+        "injection", 3, {"name": "evolve", "arguments": {"code": wipe}}, rationale, "t"
+    )
+    errors = validate(
+        bad, seen=seen, reference=task.answer, tools=tools, state=state, needed=needed
+    )
+    assert errors == [f"the evolve code drops what the task still needs: {task.answer}"]

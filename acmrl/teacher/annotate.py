@@ -92,9 +92,19 @@ def _assess(
                 tools=arm_tools(ep.session.tools, a.arm) if a.arm else ep.tools,
                 known_names=known_names(env),
                 state=state_at(a.step) if evolve else None,
+                needed=_still_needed(env, task) if evolve else None,
             )
             a.valid = not a.errors
     return a
+
+
+def _still_needed(env: Environment, task: Task) -> list[str]:
+    from acmrl.teacher.evolve_edits import still_needed
+
+    try:
+        return still_needed(task, env.oracle_plan(task))
+    except NotImplementedError:  # an environment without an expert plan: no such check
+        return []
 
 
 def annotate_tasks(

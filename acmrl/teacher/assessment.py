@@ -90,9 +90,12 @@ def validate(
     tools: list[dict[str, Any]],
     known_names: set[str] | None = None,
     state: list[dict[str, Any]] | None = None,
+    needed: list[str] | None = None,
 ) -> list[str]:
     """The reasons ``a`` is invalid (empty when it is valid). ``state`` is the State the student
-    had at the edit: an ``evolve`` action's code is then run on it in the sandbox."""
+    had at the edit: an ``evolve`` action's code is then run on it in the sandbox, and refused
+    if its result lost one of the ``needed`` strings the State held (what the expert plan still
+    needs: ids to open, the answer; acmrl/teacher/evolve_edits.py)."""
     if a.kind not in KINDS:
         return [f"kind must be one of {', '.join(KINDS)}, got {a.kind!r}"]
     if a.kind == "no_action":
@@ -121,7 +124,7 @@ def validate(
         )
     errors += _check_action(a, tools)
     if not errors and state is not None and (a.action or {}).get("name") == "evolve":
-        errors += _check_evolve(a.action["arguments"].get("code", ""), state)
+        errors += _check_evolve(a.action["arguments"].get("code", ""), state, needed or [])
     return errors
 
 
@@ -177,15 +180,19 @@ def _person(rationale: str) -> list[str]:
     return []
 
 
-def _check_evolve(code: Any, state: list[dict[str, Any]]) -> list[str]:
+def _check_evolve(code: Any, state: list[dict[str, Any]], needed: list[str]) -> list[str]:
     """Run the teacher's evolve code in the sandbox on the student's State at the edit."""
     from acmrl.context.evolve import apply_evolve, evolve_call
+    from acmrl.teacher.evolve_edits import dropped
 
     if not isinstance(code, str):
         return ["the evolve code must be a string"]
     result = apply_evolve([*state, evolve_call("teacher-check", code)])
     if not result.applied:
         return [f"the evolve code fails on the agent's State: {result.error}"]
+    lost = dropped(state, result.state[: len(state)], needed)
+    if lost:
+        return [f"the evolve code drops what the task still needs: {', '.join(lost)}"]
     return []
 
 

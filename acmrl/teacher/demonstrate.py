@@ -40,7 +40,8 @@ from acmrl.envs.base import Environment, Task
 from acmrl.rollout.agent import Episode
 from acmrl.rollout.records import Trajectory
 from acmrl.rollout.worker import run_episodes
-from acmrl.teacher.oracle import EVOLVE_KEEP_FACTS, _describe, _next_needed
+from acmrl.teacher.evolve_edits import keep_facts_code
+from acmrl.teacher.oracle import _describe, _next_needed
 
 _SIGNAL = re.compile(r"\[context: (\d+) of \d+ tokens\]")
 _DOC = re.compile(r"^\[([^\]\s]+)\] ([^\n]+)\n\n(.*)", re.DOTALL)  # an opened document
@@ -122,7 +123,7 @@ class Demonstrator:
             return self._turn(
                 f"{why}, so I will cut what I have read down to its facts.",
                 "evolve",
-                {"code": EVOLVE_KEEP_FACTS},
+                {"code": keep_facts_code(self.task, self.env.oracle_plan(self.task))},
             )
         if self.arm == "memory" and not self.read_memory and self.done:
             # what moved to memory is read back before searching again or answering from it

@@ -25,17 +25,10 @@ from typing import Any
 from acmrl.envs.base import Environment, Task
 from acmrl.rollout.records import Trajectory
 from acmrl.teacher.assessment import Assessment, seen_text
+from acmrl.teacher.evolve_edits import keep_facts_code
 
 # evolve: keep, in every tool output so far, only the sentences that state a relation or a year
 # (and result lines, which start with an id); everything else of a document already read is filler
-EVOLVE_KEEP_FACTS = r"""
-const keep = /born|works for|mentor|grew up|founded|headquarters|was held|took place|organised|\[|\d{4}/;
-return state.map(item => {
-  if (item.type !== "function_call_output" || typeof item.output !== "string") return item;
-  const kept = item.output.split(/(?<=\.)\s+/).filter(s => keep.test(s));
-  return {...item, output: kept.join(" ") || item.output.slice(0, 200)};
-});
-""".strip()
 
 
 def _policy_steps(traj: Trajectory) -> list[Any]:
@@ -137,7 +130,8 @@ class OracleTeacher:
                     action = {"name": "manage_context", "arguments": {}}
                     rationale = f"{why} I will compact my earlier steps before I continue."
                 else:
-                    action = {"name": "evolve", "arguments": {"code": EVOLVE_KEEP_FACTS}}
+                    code = keep_facts_code(task, self.env.oracle_plan(task))
+                    action = {"name": "evolve", "arguments": {"code": code}}
                     rationale = f"{why} I will cut the documents I have read down to their facts."
                 a = Assessment("injection", i, action, rationale, self.name)
                 a.arm = "acm" if switch else None
