@@ -74,16 +74,21 @@ class OpenAIEngine(Engine):
             for url in self.base_urls:
                 self._admin(url, "unload_lora_adapter", {"lora_name": old})
 
-    def _admin(self, url: str, route: str, body: dict[str, Any]) -> str:
-        """POST an adapter-management call; its reply is plain text on vLLM."""
+    def _request(self, url: str, route: str, body: dict[str, Any]) -> urllib.request.Request:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(
-            f"{url}/v1/{route}", data=json.dumps(body).encode(), headers=headers, method="POST"
+        data = json.dumps(body).encode()
+        return urllib.request.Request(
+            f"{url}/v1/{route}", data=data, headers=headers, method="POST"
         )
+
+    def _admin(self, url: str, route: str, body: dict[str, Any]) -> str:
+        """POST an adapter-management call; its reply is plain text on vLLM."""
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
+            with urllib.request.urlopen(
+                self._request(url, route, body), timeout=self.timeout_s
+            ) as resp:
                 return resp.read().decode(errors="replace")
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:500]
@@ -147,13 +152,8 @@ class OpenAIEngine(Engine):
         raise _Retryable(f"gave up after {self.max_retries + 1} attempts ({last})")
 
     def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(
-            f"{url}/v1/completions", data=json.dumps(body).encode(), headers=headers, method="POST"
-        )
         try:
+            request = self._request(url, "completions", body)
             with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
                 return json.loads(resp.read())
         except urllib.error.HTTPError as exc:

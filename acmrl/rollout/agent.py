@@ -461,6 +461,14 @@ class Episode:
 
     # -- acm: manage_context / query_memory -------------------------------------------------------
 
+    def _helper_ids(self, system: str, text: str) -> list[int]:
+        """The token ids of a helper call (summariser, querier, reflection): its own chat."""
+        return self.helper_renderer.encode(
+            self.helper_renderer.tokenizer.apply_chat_template(
+                prompts.helper_messages(system, text), tokenize=False, add_generation_prompt=True
+            )
+        )
+
     def _boundary(self) -> int:
         last = max((i for i, item in enumerate(self.state) if prompts.is_summary(item)), default=0)
         return last + 1
@@ -469,13 +477,7 @@ class Episode:
         text = prompts.summariser_prompt(self.agent).format(
             task=self.task.prompt, steps=prompts.items_text(items)
         )
-        ids = self.helper_renderer.encode(
-            self.helper_renderer.tokenizer.apply_chat_template(
-                prompts.helper_messages(prompts.SUMMARISER_SYSTEM, text),
-                tokenize=False,
-                add_generation_prompt=True,
-            )
-        )
+        ids = self._helper_ids(prompts.SUMMARISER_SYSTEM, text)
         return self._ask(
             "summariser",
             ids,
@@ -512,13 +514,7 @@ class Episode:
         text = prompts.querier_prompt(self.agent).format(
             summary_id=sid, steps=prompts.items_text(items), query=args["query"]
         )
-        ids = self.helper_renderer.encode(
-            self.helper_renderer.tokenizer.apply_chat_template(
-                prompts.helper_messages(prompts.QUERIER_SYSTEM, text),
-                tokenize=False,
-                add_generation_prompt=True,
-            )
-        )
+        ids = self._helper_ids(prompts.QUERIER_SYSTEM, text)
 
         def done(c: Completion) -> None:
             assert self._step is not None
@@ -544,13 +540,7 @@ class Episode:
             memory=self.memory or "(empty)",
             steps=prompts.items_text(items),
         )
-        ids = self.helper_renderer.encode(
-            self.helper_renderer.tokenizer.apply_chat_template(
-                prompts.helper_messages(prompts.SUMMARISER_SYSTEM, text),
-                tokenize=False,
-                add_generation_prompt=True,
-            )
-        )
+        ids = self._helper_ids(prompts.SUMMARISER_SYSTEM, text)
 
         def done(c: Completion) -> None:
             assert self._step is not None

@@ -644,13 +644,7 @@ def run_grpo(
         progress.stop()
         if trainer.log is not None:
             trainer.log.close()
-    interrupted = stop.signum if step < cfg.optim.max_steps else None
-    if interrupted is not None:
-        print(
-            f"grpo: signal {interrupted} received; checkpoint at step {step} saved, stopping "
-            "(continue with --resume)",
-            flush=True,
-        )
+    interrupted = stop.report("grpo", step, cfg.optim.max_steps)
     final = trainer.save_final() if step == cfg.optim.max_steps else None
     acc.end_training()
     return {

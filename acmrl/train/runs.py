@@ -153,6 +153,18 @@ class Preemption:
                 self.signum = int(signal.SIGTERM)  # another rank was signalled
         return bool(local)
 
+    def report(self, kind: str, step: int, total: int) -> int | None:
+        """The signal that stopped a run before its last step (None: it was not stopped, or it
+        had finished anyway), said once on stdout."""
+        if self.signum is None or step >= total:
+            return None
+        print(
+            f"{kind}: signal {self.signum} received; checkpoint at step {step} saved, stopping "
+            "(continue with --resume)",
+            flush=True,
+        )
+        return self.signum
+
     def exit_code(self) -> int:
         """128 + the signal number, the shell's code for "ended by that signal"."""
         return 128 + int(self.signum or signal.SIGTERM)

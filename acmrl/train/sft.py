@@ -222,13 +222,7 @@ def run_sft(
             if preempted or (stop_after is not None and step >= stop_after):
                 break
     progress.stop()
-    interrupted = stop.signum if step < cfg.optim.max_steps else None
-    if interrupted is not None:
-        print(
-            f"sft: signal {stop.signum} received; checkpoint at step {saved} saved, stopping "
-            "(continue with --resume)",
-            flush=True,
-        )
+    interrupted = stop.report("sft", saved, cfg.optim.max_steps)
     if acc.is_main_process and step == cfg.optim.max_steps:
         final = out / "final"
         save_policy(acc.unwrap_model(model), final)
