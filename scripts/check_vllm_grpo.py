@@ -15,7 +15,6 @@ policy and the mismatch would grow with every step; synced, it stays at numerica
 from __future__ import annotations
 
 import argparse
-import collections
 import tempfile
 from pathlib import Path
 
@@ -23,14 +22,9 @@ from pathlib import Path
 def target_model(folder: Path) -> tuple[Path, str]:
     """A small random Llama (head size 64) and its target word: the second most likely first
     word of a reply, said in roughly 1 reply in 7 at the start."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from acmrl.config import DEFAULT_MODEL, AgentConfig, SamplingConfig
-    from acmrl.engines.base import Request
-    from acmrl.engines.hf import HFEngine
+    from acmrl.config import DEFAULT_MODEL
     from acmrl.models import build_tiny_model
-    from acmrl.rollout.agent import Episode
-    from tests.grpo_env import TargetEnv
+    from tests.grpo_env import target_word
 
     model_dir = build_tiny_model(
         folder / "model",
@@ -42,18 +36,8 @@ def target_model(folder: Path) -> tuple[Path, str]:
         initializer_range=0.3,
         max_position_embeddings=2048,
     )
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    hf = HFEngine(AutoModelForCausalLM.from_pretrained(model_dir), tok)
-    env = TargetEnv()
-    ep = Episode(
-        "probe", env, env.tasks()[0], "react", tok, agent=AgentConfig(), sampling=SamplingConfig()
-    )
-    prompt = ep.next_request().prompt_ids
-    firsts = hf.generate([Request(f"p{i}", prompt, 1, 1.0, 1.0, [], i) for i in range(200)])
-    counts = collections.Counter(c.completion_ids[0] for c in firsts)
-    words = [t for t, _ in counts.most_common() if len(tok.decode([t]).strip()) >= 3]
-    target = tok.decode([words[1]]).strip()
-    print(f"target word {target!r}: {counts[words[1]]} of 200 first tokens")
+    target, count = target_word(model_dir)
+    print(f"target word {target!r}: {count} of 200 first tokens")
     return model_dir, target
 
 

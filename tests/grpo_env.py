@@ -35,3 +35,28 @@ def override(cfg, **kw):
             obj = getattr(obj, part)
         setattr(obj, last, value)
     return cfg
+
+
+def target_word(model_dir) -> tuple[str, int]:
+    """The model's second most likely first word of a reply to the task (said now and then, so
+    the reward has variance from the first step) and how often it came first in 200 samples."""
+    import collections
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from acmrl.config import AgentConfig, SamplingConfig
+    from acmrl.engines.base import Request
+    from acmrl.engines.hf import HFEngine
+    from acmrl.rollout.agent import Episode
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    engine = HFEngine(AutoModelForCausalLM.from_pretrained(model_dir), tok)
+    env = TargetEnv()
+    ep = Episode(
+        "probe", env, env.tasks()[0], "react", tok, agent=AgentConfig(), sampling=SamplingConfig()
+    )
+    prompt = ep.next_request().prompt_ids
+    firsts = engine.generate([Request(f"p{i}", prompt, 1, 1.0, 1.0, [], i) for i in range(200)])
+    counts = collections.Counter(c.completion_ids[0] for c in firsts)
+    words = [t for t, _ in counts.most_common() if len(tok.decode([t]).strip()) >= 3]
+    return tok.decode([words[1]]).strip(), counts[words[1]]

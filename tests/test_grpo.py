@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import json
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from acmrl.config import ConfigError, GRPOConfig, load_config
 from acmrl.train.checkpoint import latest_checkpoint
 from acmrl.train.grpo import run_grpo, step_tasks, token_batches
 from acmrl.train.samples import Sample
-from tests.grpo_env import TargetEnv, override
+from tests.grpo_env import TargetEnv, override, target_word
 
 
 @pytest.fixture(scope="module")
@@ -29,24 +28,7 @@ def peaked_model(tmp_path_factory, default_model_dir):
 @pytest.fixture(scope="module")
 def target(peaked_model):
     """The model's second most likely first word on the task: said in roughly 1 reply in 7."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from acmrl.config import AgentConfig, SamplingConfig
-    from acmrl.engines.base import Request
-    from acmrl.engines.hf import HFEngine
-    from acmrl.rollout.agent import Episode
-
-    tok = AutoTokenizer.from_pretrained(peaked_model)
-    engine = HFEngine(AutoModelForCausalLM.from_pretrained(peaked_model), tok)
-    env = TargetEnv()
-    ep = Episode(
-        "probe", env, env.tasks()[0], "react", tok, agent=AgentConfig(), sampling=SamplingConfig()
-    )
-    prompt = ep.next_request().prompt_ids
-    firsts = engine.generate([Request(f"p{i}", prompt, 1, 1.0, 1.0, [], i) for i in range(200)])
-    counts = collections.Counter(c.completion_ids[0] for c in firsts)
-    words = [t for t, _ in counts.most_common() if len(tok.decode([t]).strip()) >= 3]
-    return tok.decode([words[1]]).strip()
+    return target_word(peaked_model)[0]
 
 
 def config(tmp_path, model, target, **kw) -> GRPOConfig:
