@@ -73,11 +73,11 @@ class Size:
 
 SIZES = {
     # a pipeline check in about a minute (the tests run it on a tiny random model)
-    "smoke": Size("tiny", 1400, 1, 2, 1, 2, 3, 24, 2, 1, 1, 1, 2, 1),
-    "small": Size("tiny", 1400, 4, 64, 2, 8, 12, 96, 20, 8, 10, 2, 4, 1),
-    "default": Size("tiny", 1400, 10, 160, 2, 16, 12, 96, 40, 16, 20, 2, 4, 1),
+    "smoke": Size("tiny", 1300, 1, 2, 1, 2, 3, 24, 2, 1, 1, 1, 2, 1),
+    "small": Size("tiny", 1300, 4, 64, 2, 8, 12, 96, 20, 8, 10, 2, 4, 1),
+    "default": Size("tiny", 1300, 10, 160, 2, 16, 12, 96, 40, 16, 20, 2, 4, 1),
     # the longer CPU recipe: more worlds and steps, >= 50 held-out tasks, unseen worlds
-    "long": Size("tiny", 1400, 30, 480, 7, 56, 12, 96, 150, 48, 60, 8, 4, 2, unseen=True),
+    "long": Size("tiny", 1300, 30, 480, 7, 56, 12, 96, 150, 48, 60, 8, 4, 2, unseen=True),
     # longer multi-hop tasks, for a GPU
     "large": Size("small", 2048, 4, 800, 2, 40, 16, 128, 150, 64, 50, 20, 8, 4),
 }

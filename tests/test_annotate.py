@@ -275,7 +275,7 @@ def test_demonstrations_are_whole_teacher_episodes(tokenizer):
 
     env = load("kb_search", preset="tiny", seed=0)
     tasks = env.tasks("train")[:6]
-    agent = AgentConfig(max_turns=12, max_context_tokens=1400)
+    agent = AgentConfig(max_turns=12, max_context_tokens=1250)
     demos = demonstrate(
         env,
         tasks,

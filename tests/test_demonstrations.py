@@ -21,18 +21,22 @@ def world():
     return load("mixture", env="kb_search", seeds=[1, 2], options={"preset": "tiny"})
 
 
-@pytest.fixture(scope="module")
-def demos(world, tokenizer):
+def acm_demos(world, tokenizer, budget, spread):
     return demonstrate(
         world,
         world.tasks("train"),
         ["acm"],
         tokenizer,
-        agent=AgentConfig(max_turns=12, max_context_tokens=1400, context_signal=True),
+        agent=AgentConfig(max_turns=12, max_context_tokens=budget, context_signal=True),
         sampling=SamplingConfig(max_new_tokens=96),
         pressure=0.75,
-        pressure_spread=[0.6, 0.9],
+        pressure_spread=spread,
     )
+
+
+@pytest.fixture(scope="module")
+def demos(world, tokenizer):
+    return acm_demos(world, tokenizer, 1400, [0.6, 0.9])
 
 
 def test_a_mixture_routes_each_task_to_its_own_world(world):
@@ -82,13 +86,22 @@ def test_teacher_notes_come_from_what_the_summariser_was_shown(demos, tokenizer)
     assert notes > len(demos)
 
 
-def test_teacher_turns_fit_the_completion_cap_and_timing_varies(demos):
-    assert sum(d.score == 1.0 for d in demos) >= 0.75 * len(demos)
+def test_teacher_turns_fit_the_completion_cap(demos):
+    assert sum(d.score == 1.0 for d in demos) >= 0.9 * len(demos)
     lengths = [len(s.call.completion_ids) for d in demos for s in d.steps if s.call]
-    assert max(lengths) <= 64
-    # each task compacts at its own point: the context size of the first compaction varies
+    # the demo and eval cap is 96 new tokens: every turn leaves a sixth of it spare (the longest
+    # is the lookup search, which states the key fact before its query)
+    assert max(lengths) <= 80
+
+
+def test_compaction_timing_varies_where_the_budget_leaves_room(world, tokenizer):
+    """With a 1,400-token budget on tiny, every document read takes the context past 0.8 of it,
+    so the teacher must compact after each one whatever its pressure; with room to spare, each
+    task compacts at its own drawn point, and GRPO has timings to choose between."""
+    demos = acm_demos(world, tokenizer, 2000, [0.4, 0.9])
+    assert all(d.score == 1.0 for d in demos)
     at = [
-        next(len(s.call.prompt_ids) for s in d.steps if s.events) / 1400
+        next(len(s.call.prompt_ids) for s in d.steps if s.events) / 2000
         for d in demos
         if d.metrics["compactions"]
     ]

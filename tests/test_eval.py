@@ -90,7 +90,7 @@ def test_arm_summary_and_paired_differences():
     assert any("excludes 0" in n for n in report["notes"])
 
 
-def oracle_engine(env, tokenizer, pressure=0.75):
+def oracle_engine(env, tokenizer, pressure=0.75, budget=1400):
     """The oracle's demonstrations as an engine: the same policy for every arm."""
     tasks = {t.id: t for split in env.splits for t in env.tasks(split)}
     demos = {}
@@ -99,7 +99,7 @@ def oracle_engine(env, tokenizer, pressure=0.75):
         eid = session_id.removesuffix("/summariser").removesuffix("/querier")
         task_id, arm, _ = eid.rsplit("#", 2)
         if eid not in demos:
-            demos[eid] = Demonstrator(env, tasks[task_id], arm, 1400, tokenizer, pressure)
+            demos[eid] = Demonstrator(env, tasks[task_id], arm, budget, tokenizer, pressure)
         return demos[eid](session_id, prompt)
 
     return ScriptedEngine(tokenizer, reply, truncate=False)
@@ -154,13 +154,13 @@ def test_report_over_benchmarks_says_where_a_gain_holds(tmp_path, tokenizer):
     gain): one table with a row per (benchmark, arm) and a note that the gain holds on one only."""
     from acmrl.eval.multi import multi_report
 
-    for seed, budget in ((0, 1400), (1, 16000)):
+    for seed, budget in ((0, 1250), (1, 16000)):
         env = load("kb_search", preset="tiny", seed=seed)
         cfg = EvalConfig(output=str(tmp_path / f"s{seed}"), arms=["react", "acm"])
         cfg.env.options = {"preset": "tiny", "seed": seed}
         cfg.env.limit = 3
         cfg.agent.max_context_tokens = budget
-        run_eval(cfg, engine=oracle_engine(env, tokenizer))
+        run_eval(cfg, engine=oracle_engine(env, tokenizer, budget=budget))
     text = multi_report([tmp_path / "s0", tmp_path / "s1"], output=tmp_path / "table.md")
     rows = [line for line in text.splitlines() if line.startswith("| kb_search")]
     assert len(rows) == 4, text

@@ -48,14 +48,28 @@ class SearchIndex:
 
     def search(self, query: str, k: int | None = None) -> list[tuple[Document, float]]:
         """The best ``k`` documents with a positive BM25 score, best first."""
-        words = [w for w in _tokenize([query])[0] if w in self._vocab]
-        if not words:
-            return []
+        return self.search_many([query], k)[0]
+
+    def search_many(
+        self, queries: list[str], k: int | None = None
+    ) -> list[list[tuple[Document, float]]]:
+        """:meth:`search` for many queries at once (one tokenisation and retrieval pass)."""
+        words = [[w for w in q if w in self._vocab] for q in _tokenize(queries)] if queries else []
+        asked = [i for i, w in enumerate(words) if w]
+        out: list[list[tuple[Document, float]]] = [[] for _ in queries]
+        if not asked:
+            return out
         k = min(k or self.k, len(self.docs))
-        ids, scores = self._bm25.retrieve([words], k=k, show_progress=False, n_threads=1)
-        return [
-            (self.docs[int(i)], float(s)) for i, s in zip(ids[0], scores[0], strict=True) if s > 0
-        ]
+        ids, scores = self._bm25.retrieve(
+            [words[i] for i in asked], k=k, show_progress=False, n_threads=1
+        )
+        for row, i in enumerate(asked):
+            out[i] = [
+                (self.docs[int(d)], float(s))
+                for d, s in zip(ids[row], scores[row], strict=True)
+                if s > 0
+            ]
+        return out
 
     def snippet(self, doc: Document) -> str:
         words = doc.text.split()

@@ -107,7 +107,7 @@ class Demonstrator:
             and self.done
             and (
                 (just_read and n >= self.pressure * self.budget)
-                or self._would_overflow(n, name, args)
+                or self._would_overflow(prompt, name, args)
             )
         ):
             self.compacted = True
@@ -140,7 +140,7 @@ class Demonstrator:
         self.done.append((name, json.dumps(args, sort_keys=True)))
         self.compacted = self.read_memory = False
         why = self._answer_rationale(prompt) if name == "answer" else None
-        return self._turn(why or _describe(name, args), name, args)
+        return self._turn(why or _describe(name, args, self.task), name, args)
 
     def _answer_rationale(self, prompt: str) -> str | None:
         """With ``reasoned_answers``: the fact the answer rests on and what it looks for, both
@@ -153,14 +153,17 @@ class Demonstrator:
             return None
         return f"{key} So I need the event held in {entities[-1]} in {year.group(0)}."
 
-    def _would_overflow(self, n: int, name: str, args: dict[str, Any]) -> bool:
+    def _would_overflow(self, prompt: str, name: str, args: dict[str, Any]) -> bool:
         """Whether the next call's result (a document, or search results) would push the input
-        past the budget (the oracle knows how long it is): then it compacts first, whatever its
-        pressure."""
+        past the budget (the oracle knows how long it is): the input now, the turn that makes
+        the call and its result, with a margin for the result's wrapping. Then it compacts
+        first, whatever its pressure."""
         if name == "answer":
             return False
-        text = self.env.session(self.task).call(name, args)
-        return n + 64 + len(self.tok.encode(str(text), add_special_tokens=False)) > self.budget
+        text = str(self.env.session(self.task).call(name, args))
+        turn = self._turn(_describe(name, args, self.task), name, args)
+        n = sum(len(self.tok.encode(t, add_special_tokens=False)) for t in (prompt, turn, text))
+        return n + 48 > self.budget
 
     def _search_last(self) -> tuple[str, dict[str, Any]]:
         plan = self.env.oracle_plan(self.task)

@@ -69,7 +69,10 @@ def _next_needed(
     return plan[-1]
 
 
-def _describe(name: str, args: dict[str, Any]) -> str:
+def _describe(name: str, args: dict[str, Any], task: Task | None = None) -> str:
+    lookup = _lookup_rationale(task, args) if task is not None and name == "search" else None
+    if lookup:
+        return lookup
     if name == "search":
         return f"I need to find out more about {args['query']}, so I will search for it."
     if name == "open":
@@ -77,6 +80,17 @@ def _describe(name: str, args: dict[str, Any]) -> str:
     if name == "answer":
         return "I have read everything the question depends on, so I can give my answer now."
     return f"The next thing I need is to call {name} with {json.dumps(args)}."
+
+
+def _lookup_rationale(task: Task, args: dict[str, Any]) -> str | None:
+    """For a search that looks the answer up by the key fact (kb_search: the last town and the
+    birth year), the fact and what is looked for, said before the query that combines them."""
+    key, entities = task.metadata.get("key_fact"), task.metadata.get("entities", [])
+    year = re.search(r"\b\d{4}\b", key or "")
+    query = str(args.get("query", ""))
+    if not (key and year and entities and year.group(0) in query and entities[-1] in query):
+        return None
+    return f"{key} I will search for the event of {entities[-1]} in {year.group(0)}."
 
 
 def _facts_seen(task: Task, seen: str) -> list[str]:
@@ -160,7 +174,7 @@ class OracleTeacher:
                 why = "My last call did not work as written."
             if why is not None:
                 name, args = _next_needed(self.env, task, seen, done, self._visible(s, seen))
-                rationale = f"{why} {_describe(name, args)}"
+                rationale = f"{why} {_describe(name, args, task)}"
                 return Assessment(
                     "correction", i, {"name": name, "arguments": args}, rationale, self.name
                 )
