@@ -651,6 +651,13 @@ class OptimConfig:
     gradient_checkpointing: bool = option(
         False, "recompute activations in the backward pass (less memory, ~30% more compute)"
     )
+    share_prefix: bool = option(
+        True,
+        "SFT: batch samples that start alike (same system prompt and tools) and read their "
+        "common prefix once per batch; the prefix counts once against batch_tokens, so a batch "
+        "holds more samples for the same work (benchmarks/sft_learning_speed.py). Off with "
+        "gradient_checkpointing",
+    )
 
 
 @dataclasses.dataclass

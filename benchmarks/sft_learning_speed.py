@@ -16,8 +16,9 @@ wall time it took to reach it:
 - how many held-out answers start with the right token under greedy decoding (the lookup).
 One forward pass per held-out task, on the answer turn's exact context.
 
-Variants: ``lora`` (rank 16, lr 5e-4) and ``full`` (all weights, lr 5e-5); more can be added to
-VARIANTS. Measured figures go to docs/train.md ("Measured: LoRA and full fine-tuning side by
+Variants: ``lora`` (rank 16, lr 5e-4), ``full`` (all weights, lr 5e-5) and ``lora-plain`` (as
+``lora``, without ``optim.share_prefix``: every sample reads its own system prompt); more can be
+added to VARIANTS. Measured figures go to docs/train.md ("Measured: LoRA and full fine-tuning side by
 side"). Run alone: other jobs on the same cores distort the wall times (the held-out figures do
 not depend on it). ``--model`` with a tiny random model checks the script in a minute.
 """
@@ -33,6 +34,8 @@ from typing import Any
 VARIANTS: dict[str, dict[str, Any]] = {
     "lora": {"lora": {"enabled": True, "r": 16, "alpha": 32}, "lr": 5e-4},
     "full": {"lora": {"enabled": False}, "lr": 5e-5},
+    # every sample reads its own system prompt (optim.share_prefix=false)
+    "lora-plain": {"lora": {"enabled": True, "r": 16, "alpha": 32}, "lr": 5e-4, "share": False},
 }
 
 
@@ -128,6 +131,7 @@ def train(variant: str, data: Path, out: Path, steps: int, every: int, model: st
         "max_len=2048",
         f"save_every={every}",
         "log_with=[]",
+        f"optim.share_prefix={str(v.get('share', True)).lower()}",
     ]
     if lora["enabled"]:
         overrides += [f"lora.r={lora['r']}", f"lora.alpha={lora['alpha']}"]

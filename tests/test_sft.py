@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from acmrl.config import SFTConfig
@@ -242,3 +244,31 @@ def test_mixed_precision_follows_the_launcher(monkeypatch):
         resolve_precision("fp16")
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")  # the launcher's default
     assert resolve_precision("fp16") == "fp16"
+
+
+def test_batches_group_samples_that_start_alike():
+    """With share_prefix, a batch holds samples of one start (one system prompt), and their
+    common prefix counts once: more samples per batch for the same work."""
+    from acmrl.train.sft import epoch_batches
+
+    head_a, head_b = list(range(100, 700)), list(range(2000, 2600))
+    samples = []
+    for i in range(12):
+        head = head_a if i % 2 else head_b
+        ids = head + [5000 + i] * 100
+        samples.append({"token_ids": ids, "loss_mask": [0] * 650 + [1] * 50})
+    cfg = SFTConfig()
+    cfg.optim.batch_tokens = 2000
+    plain = epoch_batches(
+        samples,
+        0,
+        dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, share_prefix=False)),
+    )
+    shared = epoch_batches(samples, 0, cfg)
+    assert max(len(b) for b in plain) == 2  # 700 tokens each, padded
+    assert sorted(i for b in shared for i in b) == list(range(12))
+    for b in shared:
+        assert len({i % 2 for i in b}) == 1  # one system prompt per batch
+        assert 600 + 100 * len(b) <= 2000 or len(b) == 1
+    assert max(len(b) for b in shared) >= 6 and len(shared) < len(plain)
+    assert epoch_batches(samples, 0, cfg) == shared != epoch_batches(samples, 1, cfg)

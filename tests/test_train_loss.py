@@ -107,3 +107,46 @@ def test_target_logprobs_fallback_for_older_transformers(tiny_model_dir, monkeyp
     slow, logits = L.target_logprobs(model, ids, attn, mask)
     assert logits.shape == (6, model.config.vocab_size)
     assert torch.allclose(fast, slow, atol=1e-5)
+
+
+@pytest.mark.parametrize("keeps_masks", [True, False])
+def test_a_shared_prefix_read_once_gives_the_same_loss_and_gradients(
+    tiny_model_dir, monkeypatch, keeps_masks
+):
+    """Rows that start alike (an agent's system prompt) read that start once; the logprobs and
+    the LoRA gradients are those of the plain forward, with right padding and uneven rows."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setattr(L, "_keeps_masks", lambda: keeps_masks)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    model = get_peft_model(model, lora)
+    g = torch.Generator().manual_seed(2)
+    prefix = torch.randint(5, 1000, (40,), generator=g)
+    rows = [torch.cat([prefix, torch.randint(5, 1000, (n,), generator=g)]) for n in (6, 11, 9)]
+    T = max(len(r) for r in rows)
+    ids = torch.zeros(3, T, dtype=torch.long)
+    attn, mask = torch.zeros_like(ids), torch.zeros_like(ids)
+    for b, r in enumerate(rows):
+        ids[b, : len(r)], attn[b, : len(r)] = r, 1
+        mask[b, 38 : len(r)] = 1
+    keep = torch.zeros_like(mask, dtype=torch.bool)
+    keep[:, :-1] = mask[:, 1:].bool()
+    assert L.shared_prefix_length(ids, attn, keep) == 37  # up to the first needed logits
+    out = []
+    for share in (False, True):
+        model.zero_grad()
+        lp, logits = L.target_logprobs(model, ids, attn, mask, share_prefix=share)
+        (-(lp * mask).sum() / mask.sum()).backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad])
+        out.append((lp.detach(), logits.detach(), grads))
+    (lp0, lg0, g0), (lp1, lg1, g1) = out
+    assert lg1.shape == lg0.shape == (int(mask[:, 1:].sum()), model.config.vocab_size)
+    assert torch.allclose(lp0, lp1, atol=1e-5)
+    assert g0.abs().max() > 0 and torch.allclose(g0, g1, atol=1e-5)
+    # nothing shared (a single row, or rows that differ at once): the plain forward
+    assert L.shared_prefix_length(ids[:1], attn[:1], keep[:1]) == 0
+    other = ids.clone()
+    other[1, 0] += 1
+    assert L.shared_prefix_length(other, attn, keep) == 0

@@ -9,6 +9,7 @@ long turn weighs by its tokens, not as one sample (the DAPO / Dr. GRPO choice).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from functools import cache
 
@@ -41,6 +42,7 @@ def target_logprobs(
     attention_mask: torch.Tensor,
     mask: torch.Tensor,
     temperature: float = 1.0,
+    share_prefix: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``[B, T]`` log-probabilities of the target tokens (0 elsewhere), and the ``[N, V]`` logits
     of the N target positions, projecting onto the vocabulary only where a target is predicted.
@@ -48,12 +50,20 @@ def target_logprobs(
     Prompts are most of a GRPO sample; skipping their vocabulary projection (``logits_to_keep``
     as a boolean mask) saves most of the logits' time and memory. Logits are divided by
     ``temperature`` so the distribution is the one that was sampled from.
+
+    With ``share_prefix``, the tokens every row starts with (an agent's system prompt and tool
+    definitions: most of each sample) are read once, and every row continues from their keys and
+    values; gradients flow back through that one pass. The loss and its gradients are those of
+    the plain forward (a test checks it); only the work shrinks.
     """
     tmask = torch.zeros_like(mask, dtype=torch.bool)
     tmask[:, 1:] = mask[:, 1:].bool()
     keep = torch.zeros_like(tmask)
     keep[:, :-1] = tmask[:, 1:]  # position t predicts token t + 1
-    if _keeps_masks():
+    shared = shared_prefix_length(input_ids, attention_mask, keep) if share_prefix else 0
+    if shared >= MIN_SHARED_PREFIX:
+        logits = _shared_prefix_logits(model, input_ids, attention_mask, keep, shared)
+    elif _keeps_masks():
         out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep)
         logits = out.logits.reshape(-1, out.logits.shape[-1])
     else:  # older transformers slice with a 1-D index only: project everywhere, then select
@@ -63,6 +73,75 @@ def target_logprobs(
     picked = logits.gather(-1, targets[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
     full = torch.zeros(mask.shape, dtype=picked.dtype, device=picked.device)
     return full.masked_scatter(tmask, picked), logits
+
+
+MIN_SHARED_PREFIX = 16  # shorter common prefixes are read per row: not worth a second pass
+
+
+def shared_prefix_length(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: torch.Tensor
+) -> int:
+    """How many leading tokens every row of a batch shares (real tokens, not padding), up to the
+    first position whose logits are needed and leaving every row one token to read; 0 for a
+    single row.
+
+    >>> ids = torch.tensor([[5, 6, 7, 8], [5, 6, 9, 0]])
+    >>> shared_prefix_length(ids, torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]), ids < 0)
+    2
+    """
+    B, T = input_ids.shape
+    if B < 2:
+        return 0
+    same = (input_ids == input_ids[:1]).all(0) & attention_mask.bool().all(0)
+    differs = (~same).nonzero()
+    n = int(differs[0, 0]) if len(differs) else T
+    needed = keep.any(0).nonzero()
+    if len(needed):
+        n = min(n, int(needed[0, 0]))
+    return max(0, min(n, T - 1))
+
+
+def _shared_prefix_logits(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    keep: torch.Tensor,
+    shared: int,
+) -> torch.Tensor:
+    """The ``[N, V]`` logits at ``keep``: the first ``shared`` tokens (the same in every row, no
+    logits needed there) in one pass of one row, then every row's rest on top of its cache."""
+    from transformers import DynamicCache
+
+    B = input_ids.shape[0]
+    head = model(
+        input_ids=input_ids[:1, :shared],
+        attention_mask=attention_mask[:1, :shared],
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    past = getattr(head, "cache", None) or head.past_key_values
+    data = [
+        (layer.keys.expand(B, -1, -1, -1), layer.values.expand(B, -1, -1, -1))
+        for layer in past.layers
+    ]
+    config = getattr(model, "config", None)
+    cache = DynamicCache(ddp_cache_data=data, config=config)
+    T = input_ids.shape[1]
+    positions = torch.arange(shared, T, device=input_ids.device).expand(B, -1)
+    rest_keep = keep[:, shared:]
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    forward = getattr(base, "module", base).forward  # under DDP, the wrapped model's
+    kw = "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+    out = model(
+        input_ids=input_ids[:, shared:],
+        attention_mask=attention_mask,
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=rest_keep if _keeps_masks() else 0,
+        **{kw: cache},
+    )
+    logits = out.logits if _keeps_masks() else out.logits[rest_keep]
+    return logits.reshape(-1, logits.shape[-1])
 
 
 def entropy(logits: torch.Tensor) -> torch.Tensor:

@@ -64,24 +64,63 @@ def load_samples(cfg: SFTConfig) -> list[dict[str, Any]]:
     return samples
 
 
+PREFIX_KEY = 16  # samples whose first tokens agree (one system prompt) are batched together
+
+
 def epoch_batches(samples: list[dict[str, Any]], epoch: int, cfg: SFTConfig) -> list[list[int]]:
     """Sample indices per batch for ``epoch``: a seeded shuffle, filled up to ``batch_tokens``
-    counting padding (a sample longer than the budget is a batch alone)."""
+    counting padding (a sample longer than the budget is a batch alone).
+
+    With ``optim.share_prefix`` the samples are first grouped by how they start (the policy's
+    turns of one arm, the summariser's calls, ...), shuffled within each group, and a batch's
+    common prefix counts once, as it is read once (:func:`acmrl.train.loss.target_logprobs`);
+    the batches are then shuffled across groups."""
+    rng = random.Random(cfg.seed * 1_000_003 + epoch)
     order = list(range(len(samples)))
-    random.Random(cfg.seed * 1_000_003 + epoch).shuffle(order)
-    batches: list[list[int]] = []
-    cur: list[int] = []
-    longest = 0
+    rng.shuffle(order)
+    if not cfg.optim.share_prefix:
+        return _fill(samples, [order], cfg, shared=False)
+    groups: dict[tuple[int, ...], list[int]] = {}
     for i in order:
-        n = min(len(samples[i]["token_ids"]), cfg.max_len)
-        if cur and max(longest, n) * (len(cur) + 1) > cfg.optim.batch_tokens:
-            batches.append(cur)
-            cur, longest = [], 0
-        cur.append(i)
-        longest = max(longest, n)
-    if cur:
-        batches.append(cur)
+        groups.setdefault(tuple(samples[i]["token_ids"][:PREFIX_KEY]), []).append(i)
+    batches = _fill(samples, list(groups.values()), cfg, shared=True)
+    rng.shuffle(batches)
     return batches
+
+
+def _fill(
+    samples: list[dict[str, Any]], groups: list[list[int]], cfg: SFTConfig, shared: bool
+) -> list[list[int]]:
+    """Batches of each group in turn, up to ``batch_tokens`` of work: rows x longest row, less
+    (rows - 1) x the common prefix when it is read once."""
+    batches: list[list[int]] = []
+    for group in groups:
+        cur: list[int] = []
+        longest = common = 0
+        for i in group:
+            ids = samples[i]["token_ids"][: cfg.max_len]
+            n = len(ids)
+            c = _common(samples[cur[0]]["token_ids"][:common], ids) if cur else n
+            c = min(c, next((j for j, m in enumerate(samples[i]["loss_mask"]) if m), n))
+            c = c if shared else 0
+            work = max(longest, n) * (len(cur) + 1) - len(cur) * min(common, c)
+            if cur and work > cfg.optim.batch_tokens:
+                batches.append(cur)
+                cur, longest, c = [], 0, n
+            cur.append(i)
+            longest, common = max(longest, n), c
+        if cur:
+            batches.append(cur)
+    return batches
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    """The length of the common start of two token lists."""
+    n = min(len(a), len(b))
+    for j in range(n):
+        if a[j] != b[j]:
+            return j
+    return n
 
 
 def collate(
@@ -162,6 +201,7 @@ def run_sft(
     step, epoch, pos = state["step"], state["epoch"], state["batch"]
     losses: list[float] = list(state["losses"])
     batches = epoch_batches(samples, epoch, cfg)[acc.process_index :: acc.num_processes]
+    share = cfg.optim.share_prefix and not cfg.optim.gradient_checkpointing
     model.train()
     t0 = time.perf_counter()
     history = MetricsLog(out / "metrics.jsonl", step) if acc.is_main_process else None
@@ -176,7 +216,11 @@ def run_sft(
                 batches = epoch_batches(samples, epoch, cfg)[acc.process_index :: acc.num_processes]
             batch = collate([samples[i] for i in batches[pos]], cfg.max_len, pad, acc.device)
             lp, logits = target_logprobs(
-                model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+                model,
+                batch["input_ids"],
+                batch["attention_mask"],
+                batch["loss_mask"],
+                share_prefix=share,
             )
             nll = sft_loss(lp, batch["loss_mask"], batch["weights"])
             use_kl = cfg.kl_coef and "topk_ids" in batch
