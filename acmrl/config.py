@@ -655,8 +655,9 @@ class OptimConfig:
         True,
         "SFT: batch samples that start alike (same system prompt and tools) and read their "
         "common prefix once per batch; the prefix counts once against batch_tokens, so a batch "
-        "holds more samples for the same work (benchmarks/sft_learning_speed.py). Off with "
-        "gradient_checkpointing",
+        "holds more samples for the same work (benchmarks/sft_learning_speed.py). One process "
+        "only (under DDP the extra forward pass would break its one-forward-per-backward "
+        "contract); off with gradient_checkpointing",
     )
 
 

@@ -201,7 +201,11 @@ def run_sft(
     step, epoch, pos = state["step"], state["epoch"], state["batch"]
     losses: list[float] = list(state["losses"])
     batches = epoch_batches(samples, epoch, cfg)[acc.process_index :: acc.num_processes]
-    share = cfg.optim.share_prefix and not cfg.optim.gradient_checkpointing
+    # one process only: DDP expects one forward per backward (a second pass for the prefix,
+    # taken by some ranks and not others, hangs their collectives)
+    share = (
+        cfg.optim.share_prefix and not cfg.optim.gradient_checkpointing and acc.num_processes == 1
+    )
     model.train()
     t0 = time.perf_counter()
     history = MetricsLog(out / "metrics.jsonl", step) if acc.is_main_process else None
