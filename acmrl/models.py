@@ -360,3 +360,18 @@ def chat_generate(
     )
     new = out[0, input_ids.shape[1] :].tolist()
     return tokenizer.decode(new, skip_special_tokens=True), len(new)
+
+
+def cache_argument(model: Any) -> str:
+    """The name a model's forward takes its KV cache under: ``cache`` from transformers 5.2x,
+    ``past_key_values`` before (a peft model is asked through its base model)."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def cache_of(out: Any) -> Any:
+    """The KV cache a forward pass returned, under either name (:func:`cache_argument`)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values

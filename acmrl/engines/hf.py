@@ -15,7 +15,6 @@ same with and without reuse (a test checks it).
 
 from __future__ import annotations
 
-import inspect
 import random
 import time
 from collections import OrderedDict
@@ -28,6 +27,7 @@ from transformers import DynamicCache
 
 from acmrl.context.prefix import reusable_prefix
 from acmrl.engines.base import Completion, Engine, EngineError, Request
+from acmrl.models import cache_argument, cache_of
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, kv_heads, seq, head_dim]
 
@@ -81,9 +81,7 @@ class HFEngine(Engine):
         self.pad_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
         )
-        # transformers >= 5.2x names the cache argument `cache`; earlier 5.x `past_key_values`
-        params = inspect.signature(model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache_kw = cache_argument(model)
         self._sessions: OrderedDict[str, _Cached] = OrderedDict()
         self._seeds = random.Random(seed)
 
@@ -101,11 +99,6 @@ class HFEngine(Engine):
 
     def close(self) -> None:
         self._sessions.clear()
-
-    @staticmethod
-    def _cache_of(out: Any) -> Any:
-        cache = getattr(out, "cache", None)
-        return cache if cache is not None else out.past_key_values
 
     def cached_tokens(self, session_id: str) -> int:
         entry = self._sessions.get(session_id)
@@ -147,7 +140,7 @@ class HFEngine(Engine):
         cache = DynamicCache(ddp_cache_data=data, config=self.model.config)
         ids = torch.tensor([prompt[reuse:]], device=self.device)
         out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
-        return _kv_of(self._cache_of(out)), reuse, out.logits[0, -1].float()
+        return _kv_of(cache_of(out)), reuse, out.logits[0, -1].float()
 
     def _sample(self, row: _Row, logits: torch.Tensor) -> None:
         req = row.req
@@ -237,7 +230,7 @@ class HFEngine(Engine):
                 **{self._cache_kw: cache},
                 use_cache=True,
             )
-            cache = self._cache_of(out)
+            cache = cache_of(out)
             fed += 1
             logits = out.logits[:, -1].float().cpu()
             for i, r in enumerate(rows):

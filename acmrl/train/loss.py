@@ -9,12 +9,13 @@ long turn weighs by its tokens, not as one sample (the DAPO / Dr. GRPO choice).
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from functools import cache
 
 import torch
 import torch.nn.functional as F
+
+from acmrl.models import cache_argument, cache_of
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -119,7 +120,7 @@ def _shared_prefix_logits(
         use_cache=True,
         logits_to_keep=1,
     )
-    past = getattr(head, "cache", None) or head.past_key_values
+    past = cache_of(head)
     data = [
         (layer.keys.expand(B, -1, -1, -1), layer.values.expand(B, -1, -1, -1))
         for layer in past.layers
@@ -129,16 +130,13 @@ def _shared_prefix_logits(
     T = input_ids.shape[1]
     positions = torch.arange(shared, T, device=input_ids.device).expand(B, -1)
     rest_keep = keep[:, shared:]
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    forward = getattr(base, "module", base).forward  # under DDP, the wrapped model's
-    kw = "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
     out = model(
         input_ids=input_ids[:, shared:],
         attention_mask=attention_mask,
         position_ids=positions,
         use_cache=True,
         logits_to_keep=rest_keep if _keeps_masks() else 0,
-        **{kw: cache},
+        **{cache_argument(model): cache},
     )
     logits = out.logits if _keeps_masks() else out.logits[rest_keep]
     return logits.reshape(-1, logits.shape[-1])

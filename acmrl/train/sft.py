@@ -100,9 +100,10 @@ def _fill(
         for i in group:
             ids = samples[i]["token_ids"][: cfg.max_len]
             n = len(ids)
-            c = _common(samples[cur[0]]["token_ids"][:common], ids) if cur else n
-            c = min(c, next((j for j, m in enumerate(samples[i]["loss_mask"]) if m), n))
-            c = c if shared else 0
+            c = 0  # the batch's common prefix with this sample, read once
+            if shared:
+                c = _common(samples[cur[0]]["token_ids"][:common], ids) if cur else n
+                c = min(c, next((j for j, m in enumerate(samples[i]["loss_mask"]) if m), n))
             work = max(longest, n) * (len(cur) + 1) - len(cur) * min(common, c)
             if cur and work > cfg.optim.batch_tokens:
                 batches.append(cur)
