@@ -80,10 +80,35 @@ def test_teacher_notes_come_from_what_the_summariser_was_shown(demos, tokenizer)
                         assert doc_id in shown
                     elif line.startswith("Documents read: "):
                         assert all(i in shown for i in line[16:].rstrip(".").split(", "))
+                    elif line.startswith("Next: "):  # its query's words, id or answer shown
+                        target = line.split(" ", 2)[2].rstrip(".").strip('"').removeprefix('for "')
+                        assert all(w in shown for w in target.split()), line
                     else:  # a document's sentence, verbatim
                         assert line in shown, line
                     notes += 1
     assert notes > len(demos)
+
+
+def test_the_turn_after_a_compaction_follows_the_summarys_plan(demos, tokenizer):
+    """Each summary ends with the plan's next call where its steps determine it, and the next
+    policy turn makes that call, saying so: the plan survives the compaction."""
+    followed = 0
+    for d in demos:
+        steps = [s for s in d.steps if s.call is not None]
+        for i, step in enumerate(steps[:-1]):
+            for call in step.helper_calls:
+                notes = tokenizer.decode(call.completion_ids[:-1]).splitlines()
+                plan = [n for n in notes if n.startswith("- Next: ")]
+                assert len(plan) == 1 and notes[-1] == plan[0], notes
+                (action,) = steps[i + 1].actions
+                verb, _, what = plan[0][8:].rstrip(".").partition(" ")
+                value = next(iter(action["arguments"].values()))
+                assert action["name"] == verb and value == what.removeprefix("for ").strip('"')
+                # one rule for the turn after any compaction: continue the summary's plan
+                rationale = steps[i + 1].text.split("\n<tool_call>")[0]
+                assert rationale == f"My summary says what I do next: {plan[0][8:]}"
+                followed += 1
+    assert followed >= 2 * len(demos)
 
 
 def test_teacher_turns_fit_the_completion_cap(demos):

@@ -19,7 +19,10 @@ has seen so far, as the oracle's corrections are:
 ``manage_context`` needs a summary: the teacher writes it too, from the steps the summariser is
 shown and nothing else (the student, who is its own summariser, learns to write it): the fact
 sentences of the documents read there, verbatim; the documents found there that are still to be
-read; and which documents were read. Nothing of the episode comes from a model. Every policy
+read; which documents were read; and the plan's next call where those steps and the task
+determine it (``- Next: search for "<town> <year>".``). The turn after a compaction continues
+that plan and says so, one rule for every such turn instead of a decision the student would
+re-derive from the facts. Nothing of the episode comes from a model. Every policy
 step is marked ``teacher``: in the training samples all its tokens, and the notes it wrote as
 the summariser, are targets, weighted by the demonstration's outcome (a failed one teaches
 nothing by default; :mod:`acmrl.train.samples`).
@@ -138,9 +141,20 @@ class Demonstrator:
             last = self.task.metadata.get("gold_docs", [""])[-1]
             name, args = ("open", {"doc_id": last}) if last in prompt else self._search_last()
         self.done.append((name, json.dumps(args, sort_keys=True)))
-        self.compacted = self.read_memory = False
         why = self._answer_rationale(prompt) if name == "answer" else None
+        if self.compacted and self.arm == "acm" and why is None:
+            why = self._plan_rationale(prompt, name, args)
+        self.compacted = self.read_memory = False
         return self._turn(why or _describe(name, args, self.task), name, args)
+
+    def _plan_rationale(self, prompt: str, name: str, args: dict[str, Any]) -> str | None:
+        """Right after a compaction, the call the summary's plan names (its "Next:" line, in
+        view): one rule for every such turn, continue the plan, instead of a decision the
+        student would have to re-derive from the facts alone."""
+        plans = re.findall(r"^- Next: ([^\n<]+)", prompt, re.MULTILINE)
+        if not plans or plans[-1] not in self._next_lines(name, args):
+            return None
+        return f"My summary says what I do next: {plans[-1]}"
 
     def _answer_rationale(self, prompt: str) -> str | None:
         """With ``reasoned_answers``: the fact the answer rests on and what it looks for, both
@@ -222,7 +236,11 @@ class Demonstrator:
                     found.setdefault(doc_id, title.rstrip(").").strip())
                 elif line.startswith("Documents read: "):
                     read = [*line[16:].rstrip(".").split(", "), *read]
-                elif line and line not in facts and not line.startswith(("Nothing", "(empty")):
+                elif (
+                    line
+                    and line not in facts
+                    and not line.startswith(("Nothing", "(empty", "Next:"))
+                ):
                     kept.append(line)
             facts = [*kept, *facts]
         lines = [f"- {f}" for f in facts]
@@ -233,11 +251,38 @@ class Demonstrator:
         ]
         if read:
             plan.append(f"- Documents read: {', '.join(dict.fromkeys(read))}.")
+        plan += self._next_line(prompt)
         if "Knowledge state:" in prompt:  # agent.summary_format=structured: the two sections
             known = "\n".join(lines) or "- Nothing needed has been found yet."
             thoughts = "\n".join(plan) or "- I keep searching for what the task needs."
             return f"Knowledge state:\n{known}\nThoughts:\n{thoughts}"
         return "\n".join(lines + plan) or "- Nothing needed has been found yet."
+
+    def _next_line(self, shown: str) -> list[str]:
+        """The plan's next call, when what the summariser was shown determines it (a query
+        made of names and years in the steps or the task, an id found there, an answer read
+        there): the summary keeps the latest plan, so the turn after a compaction continues it
+        instead of guessing from the facts alone."""
+        name, args = _next_needed(self.env, self.task, self.seen, self.done)
+        value = str(next(iter(args.values()), ""))
+        if name == "search":
+            parts = re.findall(r"\b\d{4}\b|[A-Z][\w'-]*(?: [A-Z][\w'-]*)*", value)
+            if not (parts and all(p in shown for p in parts)):
+                return []
+        elif value not in shown:
+            return []
+        return [f"- Next: {line}" for line in self._next_lines(name, args)]
+
+    @staticmethod
+    def _next_lines(name: str, args: dict[str, Any]) -> list[str]:
+        """How a summary's plan line names a call (none for a call it does not name)."""
+        value = str(next(iter(args.values()), ""))
+        forms = {
+            "search": f'search for "{value}".',
+            "open": f"open {value}.",
+            "answer": f'answer "{value}".',
+        }
+        return [forms[name]] if name in forms else []
 
 
 def demonstrate(
