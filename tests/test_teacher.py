@@ -48,7 +48,7 @@ def calls(plan):
 
 
 def check(env, ep, a):
-    seen = seen_text(ep.traj, a.step)
+    seen = seen_text(ep.traj, a.step, ep.renderer.tokenizer)
     names = {d.title for d in env.documents} | {d.id for d in env.documents}
     return validate(a, seen=seen, reference=ep.task.answer, tools=ep.tools, known_names=names)
 
@@ -167,6 +167,44 @@ def test_oracle_corrects_an_early_answer_and_repeats(env, tiny):
     assert "already made this call" in a.rationale and check(env, repeat, a) == []
     expert = run(env, task, "react", calls(plan), tiny, max_context_tokens=4096)
     assert teacher.assess(task, expert.traj, 4096).kind == "no_action"
+
+
+def test_a_correction_after_a_compaction_follows_the_summarys_plan(env, tiny):
+    """The student compacted (its summary names the lookup) and then answered at once: the
+    correction makes the call its summary planned and says so, as the demonstrations do."""
+    task = env.tasks("eval")[0]
+    plan = env.oracle_plan(task)
+    lookup = plan[2]
+    assert lookup[0] == "search"
+    script = {
+        f"{task.id}#acm#0": [
+            *calls(plan[:2]),
+            format_tool_call("manage_context", {}),
+            format_tool_call("answer", {"text": "S1"}),
+        ],
+        f"{task.id}#acm#0/summariser": [
+            f'- {task.metadata["key_fact"]}\n- Next: search for "{lookup[1]["query"]}".'
+        ],
+    }
+    ep = Episode(
+        f"{task.id}#acm#0",
+        env,
+        task,
+        "acm",
+        tiny.tokenizer,
+        agent=AgentConfig(max_context_tokens=4096),
+        sampling=SamplingConfig(max_new_tokens=64),
+    )
+    scripted = ScriptedEngine(tiny.tokenizer, replay(script))
+    run_episodes([ep], scripted, helper_engine=scripted)
+    a = OracleTeacher(env, tokenizer=tiny.tokenizer).assess(task, ep.traj, 4096)
+    assert (a.kind, a.step, a.action) == (
+        "correction",
+        3,
+        {"name": "search", "arguments": lookup[1]},
+    )
+    said = f'My summary says what I do next: search for "{lookup[1]["query"]}".'
+    assert a.rationale.endswith(said) and check(env, ep, a) == []
 
 
 def test_oracle_injects_compaction_under_pressure_and_the_resume_really_compacts(env, tiny):

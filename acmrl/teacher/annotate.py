@@ -86,7 +86,7 @@ def _assess(
             evolve = isinstance(a.action, dict) and a.action.get("name") == "evolve"
             a.errors = validate(
                 a,
-                seen=seen_text(ep.traj, a.step),
+                seen=seen_text(ep.traj, a.step, ep.renderer.tokenizer),
                 reference=task.answer,
                 # an edit that switches arms is checked against the tools it switches to
                 tools=arm_tools(ep.session.tools, a.arm) if a.arm else ep.tools,

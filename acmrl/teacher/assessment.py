@@ -68,8 +68,10 @@ class Assessment:
         return asdict(self)
 
 
-def seen_text(traj: Any, step: int) -> str:
-    """Everything the student had read before policy step ``step``: the task and observations."""
+def seen_text(traj: Any, step: int, tokenizer: Any = None) -> str:
+    """Everything the student had read before policy step ``step``: the task and observations,
+    and, given the ``tokenizer`` that decodes them, the summaries its compactions put in its
+    context (the summariser's replies)."""
     parts = [traj.prompt]
     policy = 0
     for s in traj.steps:
@@ -79,6 +81,12 @@ def seen_text(traj: Any, step: int) -> str:
             policy += 1
         parts.append(s.text)
         parts.extend(s.observations)
+        if tokenizer is not None:
+            parts += [
+                tokenizer.decode(c.completion_ids, skip_special_tokens=True)
+                for c in s.helper_calls
+                if c.role == "summariser"
+            ]
     return "\n".join(parts)
 
 

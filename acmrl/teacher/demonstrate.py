@@ -44,7 +44,7 @@ from acmrl.rollout.agent import Episode
 from acmrl.rollout.records import Trajectory
 from acmrl.rollout.worker import run_episodes
 from acmrl.teacher.evolve_edits import keep_facts_code
-from acmrl.teacher.oracle import _describe, _next_needed
+from acmrl.teacher.oracle import _describe, _next_needed, followed_plan, plan_line
 
 _SIGNAL = re.compile(r"\[context: (\d+) of \d+ tokens\]")
 _DOC = re.compile(r"^\[([^\]\s]+)\] ([^\n]+)\n\n(.*)", re.DOTALL)  # an opened document
@@ -143,18 +143,10 @@ class Demonstrator:
         self.done.append((name, json.dumps(args, sort_keys=True)))
         why = self._answer_rationale(prompt) if name == "answer" else None
         if self.compacted and self.arm == "acm" and why is None:
-            why = self._plan_rationale(prompt, name, args)
+            # one rule for every turn right after a compaction: continue the summary's plan
+            why = followed_plan(prompt, name, args)
         self.compacted = self.read_memory = False
         return self._turn(why or _describe(name, args, self.task), name, args)
-
-    def _plan_rationale(self, prompt: str, name: str, args: dict[str, Any]) -> str | None:
-        """Right after a compaction, the call the summary's plan names (its "Next:" line, in
-        view): one rule for every such turn, continue the plan, instead of a decision the
-        student would have to re-derive from the facts alone."""
-        plans = re.findall(r"^- Next: ([^\n<]+)", prompt, re.MULTILINE)
-        if not plans or plans[-1] not in self._next_lines(name, args):
-            return None
-        return f"My summary says what I do next: {plans[-1]}"
 
     def _answer_rationale(self, prompt: str) -> str | None:
         """With ``reasoned_answers``: the fact the answer rests on and what it looks for, both
@@ -271,18 +263,8 @@ class Demonstrator:
                 return []
         elif value not in shown:
             return []
-        return [f"- Next: {line}" for line in self._next_lines(name, args)]
-
-    @staticmethod
-    def _next_lines(name: str, args: dict[str, Any]) -> list[str]:
-        """How a summary's plan line names a call (none for a call it does not name)."""
-        value = str(next(iter(args.values()), ""))
-        forms = {
-            "search": f'search for "{value}".',
-            "open": f"open {value}.",
-            "answer": f'answer "{value}".',
-        }
-        return [forms[name]] if name in forms else []
+        line = plan_line(name, args)
+        return [f"- Next: {line}"] if line else []
 
 
 def demonstrate(

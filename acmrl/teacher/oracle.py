@@ -82,6 +82,31 @@ def _describe(name: str, args: dict[str, Any], task: Task | None = None) -> str:
     return f"The next thing I need is to call {name} with {json.dumps(args)}."
 
 
+def plan_line(name: str, args: dict[str, Any]) -> str | None:
+    """How a summary's plan names a call (its ``- Next: ...`` line), None for a call it does not.
+
+    >>> plan_line("search", {"query": "Port Beagea 1967"})
+    'search for "Port Beagea 1967".'
+    """
+    value = str(next(iter(args.values()), ""))
+    forms = {
+        "search": f'search for "{value}".',
+        "open": f"open {value}.",
+        "answer": f'answer "{value}".',
+    }
+    return forms.get(name)
+
+
+def followed_plan(visible: str, name: str, args: dict[str, Any]) -> str | None:
+    """The rationale of a call that the plan of the last summary in view names: one rule for the
+    turn after a compaction, so the student continues its plan instead of re-deriving it."""
+    plans = re.findall(r"^- Next: ([^\n<]+)", visible, re.MULTILINE)
+    line = plan_line(name, args)
+    if not plans or line is None or plans[-1] != line:
+        return None
+    return f"My summary says what I do next: {line}"
+
+
 def _lookup_rationale(task: Task, args: dict[str, Any]) -> str | None:
     """For a search that looks the answer up by the key fact (kb_search: the last town and the
     birth year), the fact and what is looked for, said before the query that combines them."""
@@ -173,8 +198,11 @@ class OracleTeacher:
             elif s.errors or any(o.startswith("Error") for o in s.observations):
                 why = "My last call did not work as written."
             if why is not None:
-                name, args = _next_needed(self.env, task, seen, done, self._visible(s, seen))
-                rationale = f"{why} {_describe(name, args, task)}"
+                visible = self._visible(s, seen)
+                name, args = _next_needed(self.env, task, seen, done, visible)
+                after = i > 0 and any(a["name"] == "manage_context" for a in steps[i - 1].actions)
+                plan = followed_plan(visible, name, args) if after else None
+                rationale = f"{why} {plan or _describe(name, args, task)}"
                 return Assessment(
                     "correction", i, {"name": name, "arguments": args}, rationale, self.name
                 )
