@@ -32,6 +32,18 @@ def test_stage_configs_chain_the_stages(tmp_path):
     assert c["round"].teacher.switch_arms and c["round"].arms == ["react", "acm"]
 
 
+def test_rollouts_that_train_nothing_run_in_bf16_where_training_does(tmp_path):
+    c = stage_configs(DemoConfig(output=str(tmp_path / "d"), precision="bf16"))
+    for stage in ("eval-base", "eval-sft", "round", "eval-round", "eval-trained"):
+        assert c[stage].model.dtype == "bfloat16", stage
+        assert c[stage].engine.max_batch == c[stage].concurrency == 16, stage
+    # the weights that train stay float32 (autocast), and so does GRPO's own sampler
+    assert c["sft"].model.dtype == c["grpo"].model.dtype == "float32"
+    assert c["sft"].optim.mixed_precision == "bf16"
+    c = stage_configs(DemoConfig(output=str(tmp_path / "d"), precision="no"))
+    assert c["eval-sft"].model.dtype == "float32"
+
+
 def test_long_recipe_holds_out_enough_tasks_and_unseen_worlds(tmp_path):
     from acmrl.envs import load
 
