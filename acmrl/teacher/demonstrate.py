@@ -44,7 +44,14 @@ from acmrl.rollout.agent import Episode
 from acmrl.rollout.records import Trajectory
 from acmrl.rollout.worker import run_episodes
 from acmrl.teacher.evolve_edits import keep_facts_code
-from acmrl.teacher.oracle import _describe, _next_needed, followed_plan, plan_line
+from acmrl.teacher.oracle import (
+    NEXT,
+    _describe,
+    _next_needed,
+    call_value,
+    followed_plan,
+    plan_line,
+)
 
 _SIGNAL = re.compile(r"\[context: (\d+) of \d+ tokens\]")
 _DOC = re.compile(r"^\[([^\]\s]+)\] ([^\n]+)\n\n(.*)", re.DOTALL)  # an opened document
@@ -231,7 +238,7 @@ class Demonstrator:
                 elif (
                     line
                     and line not in facts
-                    and not line.startswith(("Nothing", "(empty", "Next:"))
+                    and not line.startswith(("Nothing", "(empty", NEXT.removeprefix("- ")))
                 ):
                     kept.append(line)
             facts = [*kept, *facts]
@@ -256,7 +263,7 @@ class Demonstrator:
         there): the summary keeps the latest plan, so the turn after a compaction continues it
         instead of guessing from the facts alone."""
         name, args = _next_needed(self.env, self.task, self.seen, self.done)
-        value = str(next(iter(args.values()), ""))
+        value = call_value(args)
         if name == "search":
             parts = re.findall(r"\b\d{4}\b|[A-Z][\w'-]*(?: [A-Z][\w'-]*)*", value)
             if not (parts and all(p in shown for p in parts)):
@@ -264,7 +271,7 @@ class Demonstrator:
         elif value not in shown:
             return []
         line = plan_line(name, args)
-        return [f"- Next: {line}"] if line else []
+        return [f"{NEXT}{line}"] if line else []
 
 
 def demonstrate(

@@ -82,13 +82,21 @@ def _describe(name: str, args: dict[str, Any], task: Task | None = None) -> str:
     return f"The next thing I need is to call {name} with {json.dumps(args)}."
 
 
+NEXT = "- Next: "  # how a summary's plan line starts
+
+
+def call_value(args: dict[str, Any]) -> str:
+    """The one argument a plan line names (a query, a document id, an answer)."""
+    return str(next(iter(args.values()), ""))
+
+
 def plan_line(name: str, args: dict[str, Any]) -> str | None:
-    """How a summary's plan names a call (its ``- Next: ...`` line), None for a call it does not.
+    """How a summary's plan names a call (after :data:`NEXT`), None for a call it does not.
 
     >>> plan_line("search", {"query": "Port Beagea 1967"})
     'search for "Port Beagea 1967".'
     """
-    value = str(next(iter(args.values()), ""))
+    value = call_value(args)
     forms = {
         "search": f'search for "{value}".',
         "open": f"open {value}.",
@@ -100,7 +108,7 @@ def plan_line(name: str, args: dict[str, Any]) -> str | None:
 def followed_plan(visible: str, name: str, args: dict[str, Any]) -> str | None:
     """The rationale of a call that the plan of the last summary in view names: one rule for the
     turn after a compaction, so the student continues its plan instead of re-deriving it."""
-    plans = re.findall(r"^- Next: ([^\n<]+)", visible, re.MULTILINE)
+    plans = re.findall(rf"^{re.escape(NEXT)}([^\n<]+)", visible, re.MULTILINE)
     line = plan_line(name, args)
     if not plans or line is None or plans[-1] != line:
         return None
