@@ -750,6 +750,12 @@ class GRPOConfig:
     )
     max_len: int = option(8192, "samples longer than this are cut (their targets too)", min=16)
     concurrency: int = option(32, "episodes in flight at once during a rollout phase", min=1)
+    rollout_dtype: Literal["auto", "live", "bfloat16", "float32"] = option(
+        "auto",
+        "hf engine: live samples from the trained parameters themselves; a dtype samples from a "
+        "merged copy in it, refreshed after every optimiser step; auto: bfloat16 where "
+        "optim.mixed_precision is bf16, else live",
+    )
     seed: int = option(0, "task order and sampling seed", min=0)
     output: str = option("runs/grpo", "folder: checkpoints, rollouts, final model, TensorBoard")
     save_every: int = option(10, "checkpoint every N steps (and at the end)", min=1)

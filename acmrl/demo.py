@@ -18,7 +18,10 @@ Stages, each in its own folder under ``output`` and each skipped when a previous
 10. ``eval-trained``: the trained policy on the eval tasks (``react`` and ``acm``);
 11. ``export``: the trained policy as one Hugging Face folder, with the eval report in its card;
 12. ``compare``: base vs trained, side by side (``compare.md``);
-13. ``curves``: the held-out numbers of every stage in one table and plots, and GRPO per step
+13. ``grpo-vs-start``: the GRPO policy vs the policy it started from on the same held-out
+    tasks: Pass@1 and mean reward with paired intervals, Compaction Cost per success, mean
+    compaction point (``grpo_vs_start.md``, :mod:`acmrl.eval.versus`);
+14. ``curves``: the held-out numbers of every stage in one table and plots, and GRPO per step
     (``curves/``).
 
 The training tasks come from ``kb_search`` worlds ``seed + 1`` ... (many worlds, so the student
@@ -95,6 +98,7 @@ STAGES = [
     "eval-trained",
     "export",
     "compare",
+    "grpo-vs-start",
     "curves",
 ]
 # held-out tasks come from worlds never trained on: the demo's seed, then seed + EVAL_WORLD ...
@@ -364,6 +368,7 @@ class Demo:
                 ),
                 "base vs trained",
             ),
+            ("grpo-vs-start", self._versus, "GRPO's policy vs the one it started from"),
             ("curves", self._curves, "held-out numbers per stage, GRPO per step"),
         ]
         for world in UNSEEN_WORLDS if z.unseen else ():
@@ -375,6 +380,20 @@ class Demo:
         for n, (name, fn, what) in enumerate(steps, 1):
             self.stage(n, name, fn, what)
         return self.summary()
+
+    def _versus(self) -> None:
+        from acmrl.eval.versus import versus_start
+        from acmrl.train.grpo import reward_weights
+
+        grpo = self.configs["grpo"]
+        text = versus_start(
+            self.out / "eval-round",
+            self.out / "eval-trained",
+            reward_weights(grpo),
+            self.out / "grpo_vs_start.md",
+            output_weight=grpo.agent.output_weight,
+        )
+        self.console.print(text)
 
     def _curves(self) -> None:
         from acmrl.eval.curves import write_curves

@@ -79,6 +79,8 @@ def test_smoke_demo_runs_every_stage(tmp_path, tiny_model_dir):
     assert "acmrl eval" in (out / "export" / "README.md").read_text()  # the report in the card
     assert "| acm | Pass@1 |" in (out / "compare.md").read_text()
     assert (out / "configs" / "grpo.yaml").exists()
+    versus = (out / "grpo_vs_start.md").read_text()
+    assert "| acm | Compaction Cost per success |" in versus and "the bar is" in versus
     curves = (out / "curves" / "curves.md").read_text()
     assert "| base | acm |" in curves and "| grpo | react |" in curves
     assert "| sft | acm |" in curves and "| teacher round | acm |" in curves

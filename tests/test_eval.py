@@ -193,3 +193,61 @@ def test_every_arm_on_kb_search_tiny_driven_by_the_oracle(tmp_path, tokenizer):
     assert memory["compaction_cost"] > 0
     assert report["arms"]["react"]["overflow"] > 0.5
     print((tmp_path / "all" / "report.md").read_text().split("\n## Details")[0])
+
+
+def _versus_folder(folder, episodes):
+    """An eval folder holding ``episodes``: (task, success, compaction cost, points)."""
+    import json
+
+    folder.mkdir(parents=True)
+    lines = []
+    for i, (task, win, cost, points) in enumerate(episodes):
+        events = [
+            {
+                "kind": "manage_context",
+                "applied": True,
+                "tokens_before": int(p * 1000),
+                "compaction_cost": cost / max(1, len(points)),
+            }
+            for p in points
+        ]
+        lines.append(
+            json.dumps(
+                {
+                    "episode_id": f"{task}#acm#{i}",
+                    "task_id": task,
+                    "arm": "acm",
+                    "score": 1.0 if win else 0.0,
+                    "metrics": {"budget": 1000, "compaction_cost": cost},
+                    "steps": [
+                        {"actions": [{"name": "manage_context"}], "events": [e]} for e in events
+                    ]
+                    + [{"actions": [{"name": "answer"}], "events": []}],
+                }
+            )
+        )
+    (folder / "episodes.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_versus_start_reports_reward_cost_per_success_and_compaction_point(tmp_path):
+    from acmrl.eval.versus import versus_start
+    from acmrl.rewards import RewardWeights
+
+    w = RewardWeights(success=1.0, compaction_cost=0.1)
+    _versus_folder(
+        tmp_path / "start",
+        [("t1", True, 1000, [0.9]), ("t2", True, 1000, [0.9]), ("t3", False, 800, [0.8])],
+    )
+    _versus_folder(  # cheaper successes, compacting earlier, one task more solved
+        tmp_path / "trained",
+        [("t1", True, 600, [0.6]), ("t2", True, 600, [0.6]), ("t3", True, 600, [0.6])],
+    )
+    text = versus_start(tmp_path / "start", tmp_path / "trained", w, tmp_path / "v.md")
+    assert (tmp_path / "v.md").read_text() == text
+    assert "| acm | Compaction Cost per success | 1000 | 600 | -400 | -40% |" in text
+    assert "| acm | mean compaction point | 0.867 | 0.600 | -0.267 | |" in text
+    assert "| acm | Pass@1 | 0.667 | 1.000 | +0.333 |" in text
+    assert "the bar is met" in text
+    # the reverse direction: dearer successes, lower reward
+    back = versus_start(tmp_path / "trained", tmp_path / "start", w)
+    assert "+67%" in back and "mean reward not up" in back and "the bar is not met" in back

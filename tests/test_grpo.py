@@ -245,3 +245,64 @@ def test_cli_runs_grpo_on_kb_search(tmp_path, tiny_model_dir):
     assert result.exit_code == 0, result.output
     assert "steps 1" in result.output
     assert (out / "final" / "adapter_config.json").exists()
+
+
+def test_the_sampler_copy_computes_the_live_policy_after_every_refresh(peaked_model):
+    """A merged float32 copy of a LoRA policy gives the policy's logits; after the adapter
+    moves it is stale until refreshed, and the live base weights are never touched."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from acmrl.train.sampler import SamplerCopy
+
+    base = AutoModelForCausalLM.from_pretrained(peaked_model)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
+    policy = get_peft_model(base, lora)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    before = {n: p.clone() for n, p in policy.named_parameters() if "lora_" not in n}
+    copy = SamplerCopy(policy, torch.float32)
+    ids = torch.tensor([[5, 17, 99, 3, 250, 8]])
+    with torch.no_grad():
+        live = policy(input_ids=ids).logits
+        # the merged product rounds differently from the adapter's two matmuls: ~1e-4 on logits
+        # of size ~10; a stale copy is off by far more (checked below)
+        assert torch.allclose(copy.model(input_ids=ids).logits, live, atol=2e-3)
+        for name, p in policy.named_parameters():
+            if "lora_A" in name:
+                p.add_(0.3)  # an optimiser step
+        moved = policy(input_ids=ids).logits
+        assert (copy.model(input_ids=ids).logits - moved).abs().max() > 0.1
+        copy.refresh()
+        assert torch.allclose(copy.model(input_ids=ids).logits, moved, atol=2e-3)
+    for n, p in policy.named_parameters():
+        if "lora_" not in n:
+            assert torch.equal(p, before[n]), n
+
+
+def test_grpo_samples_from_a_bf16_copy_and_still_learns(tmp_path, peaked_model, target):
+    """rollout_dtype=bfloat16: the engine runs a merged bf16 copy, refreshed every step; the
+    reward rises as with the live weights (it would not if the copy were stale: the rewards
+    are the copy's samples), and the logged engine-vs-trainer gap stays bounded."""
+    cfg = config(
+        tmp_path,
+        peaked_model,
+        target,
+        lora__enabled=False,
+        optim__max_steps=20,
+        rollout_dtype="bfloat16",
+    )
+    cfg.log_with = []
+    result = run_grpo(cfg, env=TargetEnv(target))
+    rewards = result["rewards"]
+    first, last = sum(rewards[:3]) / 3, sum(rewards[-5:]) / 5
+    assert last > first + 0.3, rewards
+    rows = [json.loads(x) for x in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    gaps = [r["train/logprob_mismatch"] for r in rows if "train/logprob_mismatch" in r]
+    # per target token, in nats: large on this tiny model of huge weights (bf16 rounds its
+    # logits of ~10 coarsely), and it does not grow as the policy moves (a stale copy would)
+    assert len(gaps) >= 5 and max(gaps) < 0.5 and max(gaps[-3:]) <= max(gaps[:3]), gaps

@@ -197,6 +197,8 @@ def arm_summary(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
     turns = sum(r["turns"] for r in rows)
     prompt = sum(r["policy_prompt_tokens"] for r in rows)
     by_task = _by_task(rows)
+    wins = [r for r in rows if r["success"]]
+    points = [p for r in rows for p in r.get("compaction_at", [])]
     out: dict[str, Any] = {
         "episodes": n,
         "tasks": len(by_task),
@@ -219,6 +221,12 @@ def arm_summary(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
         "compaction_cost_budget": sum(r["compaction_cost"] / r["budget"] for r in rows) / n
         if n
         else 0.0,
+        # what a success costs, and where the arm compacts (context before / budget): the
+        # timing GRPO is meant to shape (the same figures as its rollout/* metrics)
+        "compaction_cost_per_success": sum(r["compaction_cost"] for r in wins) / len(wins)
+        if wins
+        else 0.0,
+        "compaction_point": sum(points) / len(points) if points else 0.0,
         "cache_reuse": sum(r["cached_tokens"] for r in rows) / prompt if prompt else 0.0,
         "cache_reuse_bound": sum(r["reusable_tokens"] for r in rows) / prompt if prompt else 0.0,
         "summariser_calls": _mean(rows, "summariser_calls"),

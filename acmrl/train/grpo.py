@@ -11,7 +11,10 @@ The algorithm, per step ``s`` (one optimiser step per ``updates_per_step``):
    the ``hf`` engine runs *the model being trained* (the same parameter tensors; LoRA layers
    included); the ``vllm`` engine serves the trained LoRA adapter, saved and loaded under a new
    LoRA id after every optimiser step. Each episode's sampling seed derives from (seed, step,
-   episode id).
+   episode id). With ``rollout_dtype`` (``auto``: bfloat16 under bf16 mixed precision) the
+   ``hf`` engine samples from a merged copy of the policy in that dtype, refreshed after every
+   optimiser step (:mod:`acmrl.train.sampler`): at bf16 speed, with the old logprobs
+   recomputed by the trainer as always.
 3. **Rewards.** :func:`acmrl.rewards.trajectory_reward`: success minus the weighted Compaction
    Cost (summariser and querier tokens included, in units of the budget), malformed-call and
    compress-loop penalties. Every term is logged.
@@ -211,6 +214,13 @@ def episode_facts(traj: Trajectory, reward: float, terms: dict[str, float]) -> d
     }
 
 
+def reward_weights(cfg: GRPOConfig) -> RewardWeights:
+    """The reward weights of a GRPO config (its ``reward:`` section)."""
+    return RewardWeights(
+        **{f.name: getattr(cfg.reward, f.name) for f in dataclasses.fields(RewardWeights)}
+    )
+
+
 def rollout_metrics(facts: list[dict[str, Any]]) -> dict[str, float]:
     """Reward, success, context and compaction figures of a step's episodes (all processes')."""
     n = max(1, len(facts))
@@ -291,11 +301,10 @@ class GRPOTrainer:
         self.model, self.opt = self.acc.prepare(model, self.opt)
         if self.ref is not None:
             self.ref.to(self.acc.device)
+        self.sampler: Any = None  # the merged copy the hf engine samples from, if any
         self.engine = self._make_engine()
         self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
-        self.weights = RewardWeights(
-            **{f.name: getattr(cfg.reward, f.name) for f in dataclasses.fields(RewardWeights)}
-        )
+        self.weights = reward_weights(cfg)
         self.log = (
             JsonlLog(self.out / f"rollouts-rank{self.acc.process_index}.jsonl", "episode_id")
             if cfg.save_rollouts
@@ -316,8 +325,15 @@ class GRPOTrainer:
         from acmrl.engines.hf import HFEngine
 
         # the engine samples from the very parameters being trained (PEFT injects its LoRA
-        # layers into the base model, so generating with the base model uses them)
+        # layers into the base model, so generating with the base model uses them), or from a
+        # merged copy in the rollout dtype, refreshed after every optimiser step
         gen_model = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+        dtype = self.rollout_dtype()
+        if dtype is not None:
+            from acmrl.train.sampler import SamplerCopy
+
+            self.sampler = SamplerCopy(inner, dtype)
+            gen_model = self.sampler.model
         return HFEngine(
             gen_model,
             self.tok,
@@ -326,6 +342,17 @@ class GRPOTrainer:
             max_sessions=max(64, cfg.concurrency),
             seed=cfg.seed,
         )
+
+    def rollout_dtype(self) -> torch.dtype | None:
+        """The dtype of the sampler copy, or None to sample from the live parameters."""
+        choice = self.cfg.rollout_dtype
+        if choice == "auto":
+            choice = "bfloat16" if self.acc.mixed_precision == "bf16" else "live"
+        if choice == "live":
+            return None
+        dtype = getattr(torch, choice)
+        live = next(self.acc.unwrap_model(self.model).parameters()).dtype
+        return None if dtype == live else dtype
 
     def _vllm_engine(self, inner: Any) -> Any:
         """vLLM over the start model, serving the trained adapter, synced after every step."""
@@ -544,6 +571,8 @@ class GRPOTrainer:
         )
         if hasattr(self.engine, "wake_up"):
             self.engine.wake_up()
+        if self.sampler is not None and n_any:  # the next rollouts sample the update
+            self.sampler.refresh()
         if self.cfg.engine.kind in ("vllm", "openai"):  # the next rollouts sample the update
             self._sync(self.engine, step + 1)
         # every process's episodes, not only this one's share

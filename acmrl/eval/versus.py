@@ -1,0 +1,134 @@
+"""A trained policy against the policy it started from, on the same held-out tasks.
+
+``versus_start(start, trained, reward)`` reads two ``acmrl eval`` folders and writes what a
+GRPO run is meant to change, per arm they share: Pass@1 and the mean reward (the run's own
+reward weights, applied to the held-out episodes), each with a paired bootstrap interval over
+the tasks both evaluated; the Compaction Cost per successful episode with its relative change;
+and the mean compaction point (context before / budget) of both. A last line says whether the
+run met the bar of seed 000's claim as issue 14 states it: reward up, Compaction Cost per
+success down by at least ``cost_drop``, at equal or better Pass@1 (read as: no significant
+drop, i.e. the paired interval of trained - start reaches 0 or above).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from acmrl.eval.report import paired_bootstrap
+from acmrl.rewards import COMPACTIONS, RewardWeights, trajectory_reward
+
+
+def _episodes(folder: Path) -> list[dict[str, Any]]:
+    path = folder / "episodes.jsonl"
+    if not path.is_file():
+        raise ValueError(f"{folder} has no episodes.jsonl: give a folder acmrl eval wrote")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def episode_figures(
+    traj: dict[str, Any], weights: RewardWeights, output_weight: float = 1.0
+) -> dict[str, Any]:
+    """Success, reward, Compaction Cost and compaction points of one trajectory dict."""
+    m = traj.get("metrics", {})
+    budget = int(m.get("budget") or 0)
+    reward, _ = trajectory_reward(traj, budget, weights, output_weight=output_weight)
+    points = [
+        e["tokens_before"] / budget
+        for s in traj.get("steps", [])
+        for e in s.get("events", [])
+        if e.get("kind") in COMPACTIONS and e.get("applied", True) and budget
+    ]
+    return {
+        "task": traj["task_id"],
+        "success": float(float(traj.get("score", 0.0)) >= 1.0),
+        "reward": reward,
+        "cost": float(m.get("compaction_cost", 0.0)),
+        "points": points,
+    }
+
+
+def _by_task(rows: list[dict[str, Any]], key: str) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        out.setdefault(r["task"], []).append(r[key])
+    return out
+
+
+def arm_figures(rows: list[dict[str, Any]]) -> dict[str, float]:
+    n = max(1, len(rows))
+    wins = [r for r in rows if r["success"]]
+    points = [p for r in rows for p in r["points"]]
+    return {
+        "episodes": len(rows),
+        "pass@1": sum(r["success"] for r in rows) / n,
+        "reward": sum(r["reward"] for r in rows) / n,
+        "cost_per_success": sum(r["cost"] for r in wins) / len(wins) if wins else float("nan"),
+        "compaction_point": sum(points) / len(points) if points else float("nan"),
+    }
+
+
+def versus_start(
+    start: str | Path,
+    trained: str | Path,
+    weights: RewardWeights,
+    output: str | Path | None = None,
+    *,
+    output_weight: float = 1.0,
+    cost_drop: float = 0.20,
+) -> str:
+    """Markdown: ``trained`` vs ``start`` per shared arm (module docstring)."""
+    a_all = _episodes(Path(start))
+    b_all = _episodes(Path(trained))
+    arms = [x for x in dict.fromkeys(t["arm"] for t in a_all) if any(t["arm"] == x for t in b_all)]
+    lines = [
+        f"# The trained policy vs the policy it started from (`{start}` -> `{trained}`)",
+        "",
+        "Held-out episodes of both; reward by the run's weights "
+        f"(success {weights.success}, Compaction Cost {weights.compaction_cost}, malformed "
+        f"{weights.malformed}, compress loops {weights.compress_loops}); paired 95% bootstrap "
+        "intervals over the tasks both evaluated.",
+        "",
+        "| arm | metric | start | trained | trained - start | relative / paired 95% CI |",
+        "|---|---|---|---|---|---|",
+    ]
+    verdicts = []
+    for arm in arms:
+        a = [episode_figures(t, weights, output_weight) for t in a_all if t["arm"] == arm]
+        b = [episode_figures(t, weights, output_weight) for t in b_all if t["arm"] == arm]
+        fa, fb = arm_figures(a), arm_figures(b)
+        p_pass = paired_bootstrap(_by_task(a, "success"), _by_task(b, "success"))
+        p_rew = paired_bootstrap(_by_task(a, "reward"), _by_task(b, "reward"))
+        ca, cb = fa["cost_per_success"], fb["cost_per_success"]
+        rel = (cb - ca) / ca if ca == ca and cb == cb and ca > 0 else float("nan")
+        lines += [
+            f"| {arm} | Pass@1 | {fa['pass@1']:.3f} | {fb['pass@1']:.3f} | "
+            f"{fb['pass@1'] - fa['pass@1']:+.3f} | [{p_pass.low:+.3f}, {p_pass.high:+.3f}] "
+            f"over {p_pass.tasks} tasks |",
+            f"| {arm} | mean reward | {fa['reward']:.3f} | {fb['reward']:.3f} | "
+            f"{fb['reward'] - fa['reward']:+.3f} | [{p_rew.low:+.3f}, {p_rew.high:+.3f}] |",
+            f"| {arm} | Compaction Cost per success | {ca:.0f} | {cb:.0f} | {cb - ca:+.0f} | "
+            f"{rel:+.0%} |",
+            f"| {arm} | mean compaction point | {fa['compaction_point']:.3f} | "
+            f"{fb['compaction_point']:.3f} | "
+            f"{fb['compaction_point'] - fa['compaction_point']:+.3f} | |",
+        ]
+        reward_up = fb["reward"] > fa["reward"]
+        cheaper = rel == rel and rel <= -cost_drop
+        not_worse = p_pass.high >= 0
+        met = reward_up and cheaper and not_worse
+        verdicts.append(
+            f"- {arm}: mean reward {'up' if reward_up else 'not up'} "
+            f"({fa['reward']:.3f} -> {fb['reward']:.3f}); Compaction Cost per success "
+            f"{rel:+.0%} (bar: -{cost_drop:.0%} or lower); Pass@1 "
+            f"{'not lower' if not_worse else 'lower'} (paired interval "
+            f"[{p_pass.low:+.3f}, {p_pass.high:+.3f}]): the bar is "
+            f"{'met' if met else 'not met'}."
+        )
+    text = "\n".join([*lines, "", *verdicts]) + "\n"
+    if output is not None:
+        from acmrl.eval.run import _atomic_write
+
+        _atomic_write(Path(output), text)
+    return text
