@@ -74,6 +74,10 @@ class Size:
     grpo_tasks: int
     unseen: bool = False  # also evaluate the export on two more unseen worlds
     unseen_tasks: int = 0  # tasks per unseen world (0: eval_tasks)
+    grpo_lr: float = 2e-5
+    # std-scaled advantages (standard GRPO): in a group that all succeeds, the Compaction Cost
+    # differences get the full advantage scale instead of about +-0.03 (Dr. GRPO's unscaled)
+    grpo_scale_advantages: bool = False
 
 
 SIZES = {
@@ -84,8 +88,14 @@ SIZES = {
     # the longer CPU recipe: more worlds and steps, >= 50 held-out tasks, unseen worlds
     # sized to <= 2 h on a 2-core CPU from the default run's measured rates (12.3 s per SFT
     # step, ~9 s per held-out acm episode, ~40 s per GRPO episode): about 1 h 50 min
-    "long": Size(
-        "tiny", 1300, 30, 480, 7, 56, 12, 96, 150, 32, 30, 4, 4, 2, unseen=True, unseen_tasks=32
+    # four GRPO steps must move the policy for its cost to change: 5x the default's rate, and
+    # std-scaled advantages, so that all-success groups carry the cost signal
+    "long": dataclasses.replace(
+        Size("tiny", 1300, 30, 480, 7, 56, 12, 96, 150, 32, 30, 4, 4, 2),
+        unseen=True,
+        unseen_tasks=32,
+        grpo_lr=1e-4,
+        grpo_scale_advantages=True,
     ),
     # longer multi-hop tasks, for a GPU
     "large": Size("small", 2048, 4, 800, 2, 40, 16, 128, 150, 64, 50, 20, 8, 4),
@@ -261,7 +271,8 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
     )
     grpo.sampling.max_new_tokens = z.max_new_tokens
     grpo.sampling.temperature = 0.8
-    grpo.optim.lr, grpo.optim.max_steps, grpo.optim.schedule = 2e-5, z.grpo_steps, "constant"
+    grpo.optim.lr, grpo.optim.max_steps, grpo.optim.schedule = z.grpo_lr, z.grpo_steps, "constant"
+    grpo.scale_advantages = z.grpo_scale_advantages
     grpo.optim.batch_tokens, grpo.optim.mixed_precision = 8192, mp
     trained = str(out / "grpo" / "final")
     export = ExportConfig(

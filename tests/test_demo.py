@@ -56,6 +56,7 @@ def test_long_recipe_holds_out_enough_tasks_and_unseen_worlds(tmp_path):
     assert all(set(s).isdisjoint(c["eval-base"].env.options["seeds"]) for s in unseen)
     assert c["eval-unseen-200"].model.name == str(tmp_path / "long" / "export")
     assert c["eval-unseen-200"].env.limit == 32 and c["eval-base"].env.limit == 56
+    assert c["grpo"].scale_advantages and c["grpo"].optim.lr == 1e-4
 
 
 def test_smoke_demo_runs_every_stage(tmp_path, tiny_model_dir):
