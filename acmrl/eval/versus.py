@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from acmrl.eval.report import paired_bootstrap
+from acmrl.eval.report import _by_task, paired_bootstrap
 from acmrl.rewards import COMPACTIONS, RewardWeights, trajectory_reward
 
 
@@ -41,19 +41,12 @@ def episode_figures(
         if e.get("kind") in COMPACTIONS and e.get("applied", True) and budget
     ]
     return {
-        "task": traj["task_id"],
+        "task_id": traj["task_id"],
         "success": float(float(traj.get("score", 0.0)) >= 1.0),
         "reward": reward,
         "cost": float(m.get("compaction_cost", 0.0)),
         "points": points,
     }
-
-
-def _by_task(rows: list[dict[str, Any]], key: str) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {}
-    for r in rows:
-        out.setdefault(r["task"], []).append(r[key])
-    return out
 
 
 def arm_figures(rows: list[dict[str, Any]]) -> dict[str, float]:
