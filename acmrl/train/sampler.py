@@ -36,8 +36,6 @@ class SamplerCopy:
     """The policy merged and cast to ``dtype``; :meth:`refresh` copies the live weights in."""
 
     def __init__(self, policy: Any, dtype: torch.dtype) -> None:
-        self.policy = policy
-        self.dtype = dtype
         is_peft = hasattr(policy, "merge_and_unload")
         model = copy.deepcopy(policy)
         if is_peft:
