@@ -50,6 +50,7 @@ def main() -> None:
     assert all(torch.equal(saved[k], live[k]) for k in saved), "saved weights differ"
     acc.wait_for_everyone()
     print(f"process {acc.process_index}: shard restored, weights equal", flush=True)
+    acc.end_training()  # take the process group down before exit, as train() does
 
 
 if __name__ == "__main__":

@@ -67,6 +67,11 @@ def main() -> None:
     if rank == 0:
         torch.save({"grads": grads, "metrics": metrics}, out / "grad.pt")
     print(f"rank {rank} of {world}: {len(mine)} samples, loss {metrics['train/loss']:.6f}")
+    # As train() does: leave together and take the process group down, or a rank that exits
+    # while the other still saves can abort in gloo's teardown ("terminate called without an
+    # active exception", seen in CI).
+    trainer.acc.wait_for_everyone()
+    trainer.acc.end_training()
 
 
 if __name__ == "__main__":
