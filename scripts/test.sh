@@ -10,8 +10,12 @@ bash scripts/setup.sh
 if ! command -v slurmctld >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null \
     && [ "${ACMRL_TEST_SLURM:-1}" = 1 ]; then
     echo "acmrl tests: installing slurmctld slurmd slurm-client (Debian) for tests/test_slurm.py" >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        slurmctld slurmd slurm-client >/dev/null 2>&1 ||
+    slurm_install() {
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            slurmctld slurmd slurm-client >/dev/null 2>&1
+    }
+    # a fresh machine may have no package lists yet: refresh them once if the install fails
+    slurm_install || { apt-get update -qq >/dev/null 2>&1 && slurm_install; } ||
         echo "acmrl tests: Slurm could not be installed; its tests will be skipped" >&2
 fi
 .venv/bin/ruff check .
