@@ -183,7 +183,8 @@ def paired_bootstrap(
     return Paired(sum(d) / len(d), lo, hi, len(tasks))
 
 
-def _by_task(rows: list[dict[str, Any]], key: str = "success") -> dict[str, list[float]]:
+def per_task(rows: list[dict[str, Any]], key: str = "success") -> dict[str, list[float]]:
+    """``key`` of each episode row, grouped by ``task_id`` (the pairs of :func:`paired_bootstrap`)."""
     out: dict[str, list[float]] = {}
     for r in rows:
         out.setdefault(r["task_id"], []).append(r[key])
@@ -196,7 +197,7 @@ def arm_summary(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
     lo, hi = wilson(succ, n)
     turns = sum(r["turns"] for r in rows)
     prompt = sum(r["policy_prompt_tokens"] for r in rows)
-    by_task = _by_task(rows)
+    by_task = per_task(rows)
     wins = [r for r in rows if r["success"]]
     points = [p for r in rows for p in r.get("compaction_at", [])]
     out: dict[str, Any] = {
@@ -259,7 +260,7 @@ def build_report(rows: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, 
             if a == "react":
                 continue
             s = summary[a]
-            paired = paired_bootstrap(_by_task(per_arm["react"]), _by_task(per_arm[a]))
+            paired = paired_bootstrap(per_task(per_arm["react"]), per_task(per_arm[a]))
             diffs[a] = {
                 "pass@1_abs": s["pass@1"] - base["pass@1"],
                 "pass@1_rel": _rel(s["pass@1"], base["pass@1"]),

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from acmrl.eval.report import _by_task, paired_bootstrap
+from acmrl.eval.report import paired_bootstrap, per_task
 from acmrl.rewards import COMPACTIONS, RewardWeights, trajectory_reward
 
 
@@ -91,8 +91,8 @@ def versus_start(
         a = [episode_figures(t, weights, output_weight) for t in a_all if t["arm"] == arm]
         b = [episode_figures(t, weights, output_weight) for t in b_all if t["arm"] == arm]
         fa, fb = arm_figures(a), arm_figures(b)
-        p_pass = paired_bootstrap(_by_task(a, "success"), _by_task(b, "success"))
-        p_rew = paired_bootstrap(_by_task(a, "reward"), _by_task(b, "reward"))
+        p_pass = paired_bootstrap(per_task(a, "success"), per_task(b, "success"))
+        p_rew = paired_bootstrap(per_task(a, "reward"), per_task(b, "reward"))
         ca, cb = fa["cost_per_success"], fb["cost_per_success"]
         rel = (cb - ca) / ca if ca == ca and cb == cb and ca > 0 else float("nan")
         lines += [
