@@ -460,6 +460,13 @@ class EngineConfig:
     )
     max_model_len: int | None = option(None, "vllm: longest sequence; null: the model's", min=64)
     max_lora_rank: int = option(64, "vllm: largest adapter rank it serves", min=1)
+    group_port: int = option(
+        51216,
+        "openai, GRPO with full fine-tuning: the NCCL port of the first server's weight-transfer "
+        "group (TRL's VLLMClient; the next servers take the following ports)",
+        min=1,
+        max=65535,
+    )
 
     def check(self) -> None:
         if self.kind == "openai" and not self.base_urls:
@@ -772,11 +779,12 @@ class GRPOConfig:
                 "sampling.temperature: GRPO needs sampling (> 0); greedy rollouts of a group "
                 "are identical and carry no signal"
             )
-        if self.engine.kind in ("openai", "vllm") and not self.lora.enabled:
+        if self.engine.kind == "vllm" and not self.lora.enabled:
             raise ConfigError(
-                f"engine.kind={self.engine.kind} syncs LoRA adapters into the sampler after "
-                "every step; full fine-tuning needs full-weight sync, which acmrl does not do "
-                "yet: enable lora or use hf"
+                "engine.kind=vllm (colocated) syncs a LoRA adapter after every step; for full "
+                "fine-tuning serve the model (engine.kind=openai against vllm serve: the full "
+                "weights are streamed over NCCL, acmrl/train/weight_sync.py), enable lora, or "
+                "use hf"
             )
         if self.engine.kind == "vllm" and self.lora.r > self.engine.max_lora_rank:
             raise ConfigError(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -66,15 +68,108 @@ def test_token_batches_respect_the_budget():
 def test_greedy_sampling_and_served_engines_are_refused():
     with pytest.raises(ConfigError, match="temperature"):
         load_config(GRPOConfig, None, ["sampling.temperature=0"])
-    with pytest.raises(ConfigError, match=r"engine\.kind=openai .* enable lora or use hf"):
-        load_config(
-            GRPOConfig,
-            None,
-            ["engine.kind=openai", "engine.base_urls=[http://x]", "lora.enabled=false"],
-        )
-    with pytest.raises(ConfigError, match="enable lora or use hf"):
+    with pytest.raises(ConfigError, match=r"engine\.kind=vllm \(colocated\).*enable lora"):
         load_config(GRPOConfig, None, ["engine.kind=vllm", "lora.enabled=false"])
     assert load_config(GRPOConfig, None, ["engine.kind=vllm"]).engine.kind == "vllm"
+    # served engines take full fine-tuning: the weights are streamed (acmrl/train/weight_sync.py)
+    served = ["engine.kind=openai", "engine.base_urls=[http://x]", "lora.enabled=false"]
+    assert not load_config(GRPOConfig, None, served).lora.enabled
+
+
+class RecordingClient:
+    """Stands in for TRL's VLLMClient, whose NCCL weight transfer needs CUDA and a vLLM server
+    (neither is on this machine): records every call and the tensors streamed."""
+
+    made: ClassVar[list[RecordingClient]] = []
+
+    def __init__(self, base_url: str, group_port: int, connection_timeout: float) -> None:
+        self.base_url, self.group_port = base_url, group_port
+        self.calls: list[str] = []
+        self.pushes: list[dict] = []
+        self.inside = False
+        RecordingClient.made.append(self)
+
+    def init_communicator(self, device) -> None:
+        self.calls.append(f"init:{device}")
+
+    @contextlib.contextmanager
+    def weight_update(self):
+        self.calls.append("start")
+        self.inside = True
+        yield
+        self.inside = False
+        self.calls.append("finish")
+
+    def update_named_params(self, metadata, named_params) -> None:
+        assert self.inside  # one grouped update per push
+        got = {n: t.clone() for n, t in named_params}
+        assert [m[0] for m in metadata] == list(got)
+        for name, dtype, shape in metadata:
+            assert dtype == str(got[name].dtype).removeprefix("torch.")
+            assert shape == list(got[name].shape)
+        self.pushes.append(got)
+        self.calls.append("update")
+
+    def reset_prefix_cache(self) -> None:
+        self.calls.append("reset")
+
+    def close_communicator(self) -> None:
+        self.calls.append("close")
+
+
+def test_full_fine_tuning_streams_the_weights_to_every_server(
+    tmp_path, peaked_model, target, monkeypatch
+):
+    """GRPO without LoRA against two `acmrl serve` processes (the rollouts are real): after the
+    start and after every step the full weights go to each server in one grouped update
+    through the client (TRL's VLLMClient in a real run), by their Hugging Face names, then the
+    server's prefix cache is reset. The last push is the saved final model."""
+    from safetensors.torch import load_file
+
+    from acmrl.train import weight_sync
+    from tests.test_engine_openai import start_server
+
+    RecordingClient.made = []
+    monkeypatch.setattr(weight_sync, "CLIENT_CLS", RecordingClient)
+    started = [start_server(peaked_model) for _ in range(2)]
+    try:
+        cfg = config(tmp_path, peaked_model, target, lora__enabled=False, optim__max_steps=2)
+        cfg.engine.kind, cfg.engine.base_urls = "openai", [url for _, url in started]
+        cfg.skip_flat_groups = False
+        result = run_grpo(cfg, env=TargetEnv(target))
+    finally:
+        for proc, _ in started:
+            proc.kill()
+            proc.wait()
+    assert result["steps"] == 2
+    clients = RecordingClient.made
+    assert [c.base_url for c in clients] == cfg.engine.base_urls
+    assert [c.group_port for c in clients] == [51216, 51217]
+    for c in clients:
+        assert c.calls == ["init:cpu"] + ["start", "update", "finish", "reset"] * 3 + ["close"]
+    start = load_file(str(Path(peaked_model) / "model.safetensors"))
+    final = load_file(str(tmp_path / "grpo" / "final" / "model.safetensors"))
+    first, last = clients[0].pushes[0], clients[0].pushes[-1]
+    assert set(first) == set(final) and "lm_head.weight" not in first  # tied: sent once
+    assert all(torch_equal(first[n], start[n]) for n in first)
+    assert all(torch_equal(last[n], final[n]) for n in last)
+    assert not all(torch_equal(first[n], last[n]) for n in last)  # the policy moved
+    assert all(torch_equal(clients[1].pushes[-1][n], last[n]) for n in last)
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a.to(b.dtype), b)
+
+
+def test_full_weight_sync_needs_cuda():
+    import torch
+
+    from acmrl.train.weight_sync import FullWeightSync, WeightSyncError
+
+    with pytest.raises(WeightSyncError, match=r"needs a CUDA device.*lora\.enabled=true"):
+        FullWeightSync(["http://x:8000"], torch.device("cpu"), 51216)
 
 
 def test_grpo_with_served_rollouts_syncs_the_adapter(tmp_path, peaked_model, target):

@@ -10,7 +10,9 @@ The algorithm, per step ``s`` (one optimiser step per ``updates_per_step``):
    (:func:`acmrl.rollout.worker.run_episodes`). The sampling policy is always the current one:
    the ``hf`` engine runs *the model being trained* (the same parameter tensors; LoRA layers
    included); the ``vllm`` engine serves the trained LoRA adapter, saved and loaded under a new
-   LoRA id after every optimiser step. Each episode's sampling seed derives from (seed, step,
+   LoRA id after every optimiser step, and so do ``openai`` servers (vLLM's runtime adapter
+   API), or under full fine-tuning they receive the full weights over NCCL through TRL's
+   ``VLLMClient`` (:mod:`acmrl.train.weight_sync`). Each episode's sampling seed derives from (seed, step,
    episode id). With ``rollout_dtype`` (``auto``: bfloat16 under bf16 mixed precision) the
    ``hf`` engine samples from a merged copy of the policy in that dtype, refreshed after every
    optimiser step (:mod:`acmrl.train.sampler`): at bf16 speed, with the old logprobs
@@ -302,6 +304,7 @@ class GRPOTrainer:
         if self.ref is not None:
             self.ref.to(self.acc.device)
         self.sampler: Any = None  # the merged copy the hf engine samples from, if any
+        self.weight_sync: Any = None  # full-weight sync into served engines, once opened
         self.engine = self._make_engine()
         self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
         self.weights = reward_weights(cfg)
@@ -316,7 +319,7 @@ class GRPOTrainer:
         inner = self.acc.unwrap_model(self.model)
         if cfg.engine.kind == "vllm":
             return self._vllm_engine(inner)
-        if cfg.engine.kind == "openai":  # served rollouts: the adapter is synced to the servers
+        if cfg.engine.kind == "openai":  # served rollouts: the policy is synced to the servers
             from acmrl.rollout.run import make_engine
 
             engine = make_engine(cfg)
@@ -370,9 +373,14 @@ class GRPOTrainer:
         return engine
 
     def _sync(self, engine: Any, step: int) -> None:
-        """Hand the current adapter to vLLM or the servers (saved per process, published by a
-        rename; a server reads it from this path, so ``output`` must be on a shared disk)."""
+        """Hand the current policy to vLLM or the servers: the adapter (saved per process,
+        published by a rename; a server reads it from this path, so ``output`` must be on a
+        shared disk), or under full fine-tuning the weights themselves (:meth:`_push_weights`)."""
         import shutil
+
+        if not self.cfg.lora.enabled:
+            self._push_weights()
+            return
 
         root = self.out / "sync" / f"rank{self.acc.process_index}"
         final, tmp = root / f"step-{step:06d}", root / f".tmp-step-{step:06d}"
@@ -384,6 +392,21 @@ class GRPOTrainer:
         for old in root.glob("step-*"):
             if old != final:
                 shutil.rmtree(old, ignore_errors=True)
+
+    def _push_weights(self) -> None:
+        """Stream the full weights into every server (TRL's VLLMClient over NCCL): gathered by
+        every process (FSDP / ZeRO-3 shards), sent by the main one, which the others wait for."""
+        from acmrl.train.weight_sync import FullWeightSync
+
+        state = self.acc.get_state_dict(self.model)
+        if self.acc.is_main_process:
+            if self.weight_sync is None:
+                e = self.cfg.engine
+                self.weight_sync = FullWeightSync(
+                    e.base_urls, self.acc.device, e.group_port, timeout_s=e.timeout_s
+                )
+            self.weight_sync.push(state)
+        self.acc.wait_for_everyone()
 
     # -- one step ---------------------------------------------------------------------------------
 
@@ -673,6 +696,8 @@ def run_grpo(
         progress.stop()
         if trainer.log is not None:
             trainer.log.close()
+        if trainer.weight_sync is not None:
+            trainer.weight_sync.close()
     interrupted = stop.report("grpo", step, cfg.optim.max_steps)
     final = trainer.save_final() if step == cfg.optim.max_steps else None
     acc.end_training()
