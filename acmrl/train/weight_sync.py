@@ -12,8 +12,8 @@ What a server needs::
 
     VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --weight-transfer-config '{"backend": "nccl"}'
 
-and the trainer needs a CUDA device and ``pip install 'trl>=1.16' vllm`` (NCCL is CUDA only: on a
-CPU-only machine the adapter path is the one that runs). Only the main process streams: under
+and the trainer needs a CUDA device and ``pip install 'acmrl[weight-sync]'`` (trl >= 1.16 and
+vllm; NCCL is CUDA only: on a CPU-only machine the adapter path is the one that runs). Only the main process streams: under
 DDP every process holds the same weights, and under FSDP / ZeRO-3 the full weights are gathered
 first (``accelerate``'s ``get_state_dict``, a collective every process joins).
 """
@@ -44,7 +44,7 @@ def _trl_client() -> Callable[..., Any]:
     except ImportError as exc:
         raise WeightSyncError(
             "full-weight sync (GRPO, engine.kind=openai, lora.enabled=false) uses TRL's "
-            f"VLLMClient: pip install 'trl>=1.16' vllm ({exc})"
+            f"VLLMClient: pip install 'acmrl[weight-sync]' (trl>=1.16, vllm) ({exc})"
         ) from None
     return VLLMClient
 
