@@ -411,6 +411,21 @@ def check_arms(arms: list[str]) -> None:
 
 
 @dataclasses.dataclass
+class JudgeConfig:
+    """An LLM judge of the answers (the ``judge`` metric; corpus_qa's browsecomp-plus preset
+    scores with it): any engine, asked whether the answer matches the reference."""
+
+    model: str | None = option(
+        None, "the judge model (a local folder or hub id); null: no judge (the env's metric)"
+    )
+    base_urls: list[str] = option(
+        [], "OpenAI-compatible servers of the judge; empty: run it with transformers here"
+    )
+    served_model: str | None = option(None, "the judge's name on those servers; null: model")
+    max_tokens: int = option(24, "most tokens of a verdict reply", min=4)
+
+
+@dataclasses.dataclass
 class EnvConfig:
     """Which tasks to run."""
 
@@ -422,6 +437,7 @@ class EnvConfig:
     )
     split: str = option("eval", "the split whose tasks run")
     limit: int | None = option(None, "run only the first N tasks of the split", min=1)
+    judge: JudgeConfig = section(JudgeConfig, "an LLM judge of the answers (metric=judge)")
 
 
 @dataclasses.dataclass
@@ -587,7 +603,15 @@ class AnnotateConfig:
     arms: list[str] = option(
         ["react", "acm"], "student arms per task: without and with context tools"
     )
-    resumes: int = option(2, "student continuations from each valid edit", min=1)
+    resumes: int = option(
+        4, "student continuations from each valid edit (the ACM reference samples 4)", min=1
+    )
+    solve_filter: bool = option(
+        True,
+        "the reference's solve-count filter: a task whose every resume succeeds teaches "
+        "nothing the student cannot already do, so its student runs and resumes are left out "
+        "of the dataset (its demonstrations stay); counted on the card as solved_dropped",
+    )
     demonstrations: bool = option(
         False, "also record one oracle demonstration per task and arm (a warm start for SFT)"
     )

@@ -216,6 +216,8 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
         env=train_env,
         arms=["react", "acm"],
         resumes=1,
+        # one resume per edit: the solve-count filter would drop exactly the edits that worked
+        solve_filter=False,
         demonstrations=True,
         student_tasks=0,  # the base model makes no valid call: its runs would teach nothing
         seed=cfg.seed,

@@ -312,3 +312,54 @@ def test_annotate_with_demonstrations_adds_them_to_the_dataset(tiny, tmp_path):
     assert stats["student_trajectories"] == 2  # the student ran on the first task only
     rows = load_from_disk(f"{cfg.output}/dataset")["trajectories"]
     assert sum(r == "demonstration" for r in rows["role"]) == 4
+
+
+def test_the_solve_filter_drops_tasks_solved_in_every_resume(tiny, tmp_path):
+    """The reference's solve-count filter: a task whose every resume succeeds keeps nothing but
+    its demonstrations; the other tasks are untouched. Off, the same records give every run."""
+    from acmrl.teacher.dataset import build_dataset, read_records
+
+    cfg = config(tmp_path)
+    env = load("kb_search", preset="tiny", seed=0)
+    first = env.tasks("train")[0]
+    answer = first.answer if isinstance(first.answer, str) else first.answer[0]
+    early = student(tiny.tokenizer)
+
+    def reply(session_id: str, prompt: str) -> str:
+        if "#edit" in session_id and session_id.startswith(first.id + "#"):
+            return format_tool_call("answer", {"text": answer})  # every resume of task 0 solves it
+        return early.reply(session_id, prompt)
+
+    stats = run_annotate(cfg, engine=ScriptedEngine(tiny.tokenizer, reply))
+    records = read_records(tmp_path / "ann")
+    solved = [r["task_id"] for r in records if all(t["score"] >= 1 for t in r["resumed"])]
+    assert solved == [first.id] and cfg.solve_filter  # on by default
+    assert stats["solved_dropped"] == 1
+    assert stats["student_trajectories"] == 6 and stats["resumed_runs"] == 12  # 3 tasks left
+    _, off = build_dataset(tmp_path / "ann", solve_filter=False)
+    assert off["solved_dropped"] == 0 and off["student_trajectories"] == 8
+    assert off["resumed_runs"] == 16 and off["resumed_success"] == 4
+
+
+def test_the_llm_teacher_sees_gold_evidence_beside_the_reference(tiny):
+    """As in the ACM reference, the LLM teacher's prompt holds excerpts of the gold documents."""
+    from acmrl.teacher.llm import gold_evidence
+
+    task, ep = _student_episode(tiny, "acm")
+    env = load("kb_search", preset="tiny", seed=0)
+    prompts: list[str] = []
+
+    def reply(session: str, prompt: str) -> str:
+        prompts.append(prompt)
+        return '{"kind": "no_action"}'
+
+    teacher = LLMTeacher(
+        ScriptedEngine(tiny.tokenizer, reply), tiny.tokenizer, evidence=gold_evidence(env)
+    )
+    teacher.assess(task, ep.traj, ep.budget, ep.tools)
+    gold = task.metadata["gold_docs"]
+    assert gold and "Gold evidence (excerpts" in prompts[0]
+    for doc_id in gold:
+        doc = next(d for d in env.documents if d.id == doc_id)
+        assert f"- [{doc_id}] {doc.title}: " in prompts[0]
+    assert gold_evidence(object()) is None  # an environment without documents: no section

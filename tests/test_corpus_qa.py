@@ -208,3 +208,88 @@ def test_bad_answer_fields_are_named(tmp_path, row, message):
     with pytest.raises(EnvError, match=message) as err:
         load("corpus_qa", **_fanout(tmp_path, rows))
     assert "q.jsonl:1" in str(err.value)
+
+
+def test_browsecomp_plus_preset_settings(tmp_path, default_model_dir):
+    """The reference's settings: top 10, snippets of 512 tokens, open cut at 8,192 tokens, the
+    query_memory line, and the judge metric, which needs a judge (metric=em is the fallback)."""
+    from acmrl.models import load_tokenizer
+
+    long_text = " ".join(f"word{i}" for i in range(6000))  # ~ 18k tokens
+    corpus = [{"docid": f"d{i}", "text": f"Ledmere fact {i}. {long_text}"} for i in range(12)]
+    queries = [{"query_id": "q1", "query": "Ledmere fact", "answer": "x", "gold_docs": ["d0"]}]
+    paths = {
+        "queries": write(tmp_path / "q.jsonl", queries),
+        "corpus": write(tmp_path / "c.jsonl", corpus),
+    }
+    with pytest.raises(EnvError, match=r"metric=judge .* env\.judge\.model"):
+        load("corpus_qa", **paths, preset="browsecomp-plus")
+    with pytest.raises(EnvError, match="preset='bcp' is not known"):
+        load("corpus_qa", **paths, preset="bcp")
+    env = load("corpus_qa", **paths, preset="browsecomp-plus", metric="em", eval_frac=1.0)
+    assert env.settings == {
+        "search_k": 10,
+        "snippet_tokens": 512,
+        "document_tokens": 8192,
+        "memory_hint": True,
+        "metric": "em",
+    }
+    (task,) = env.tasks("eval")
+    assert "query_memory retrieves them by id" in task.prompt
+    tools = {t["function"]["name"]: t["function"]["description"] for t in env.tools()}
+    assert "first 512 tokens of the best 10 documents" in tools["search"]
+    assert "at most 8192 tokens" in tools["open"]
+    tok = load_tokenizer(str(default_model_dir))
+    session = env.session(task)
+    hits = session.call("search", {"query": "Ledmere fact"}).split("\n")[1:]
+    assert len(hits) == 10
+    snippet = hits[0].split(": ", 1)[1]
+    assert snippet.endswith(" ...")
+    assert 505 <= len(tok.encode(snippet[: -len(" ...")], add_special_tokens=False)) <= 520
+    opened = session.call("open", {"doc_id": "d3"})
+    body, note = opened.rsplit("\n", 1)
+    assert note.startswith("[document cut: its first 8192 of ") and note.endswith(" tokens]")
+    text = body.split("\n\n", 1)[1]  # after the id and title
+    assert 8185 <= len(tok.encode(text, add_special_tokens=False)) <= 8200
+    # without the preset: 5 results of 20 words, whole documents, no hint, exact match
+    plain = load("corpus_qa", **paths, eval_frac=1.0)
+    (ptask,) = plain.tasks("eval")
+    assert "query_memory" not in ptask.prompt and plain.metric == "em"
+    assert len(plain.session(ptask).call("open", {"doc_id": "d3"})) > len(opened)
+
+
+def test_the_judge_metric_scores_through_env_judge(tiny_model_dir, monkeypatch):
+    """env.judge.model builds an LLM judge on an engine (here the tiny model under transformers
+    in this process) and every environment built from a config scores with it. A random model
+    cannot write a verdict, so the run without a stand-in ends with the judge's error, naming
+    the reply; the stand-in then decides as a capable judge would, on the same prompts."""
+    from acmrl.config import EnvConfig
+    from acmrl.envs.scoring import JudgeError
+    from acmrl.rollout import judge as judge_mod
+
+    opts = {**{k: str(v) for k, v in GEN.items()}, "metric": "judge"}
+    cfg = EnvConfig(name="corpus_qa", options=opts)
+    cfg.judge.model = str(tiny_model_dir)
+    env = judge_mod.load_env(cfg)
+    task = all_tasks(env)[0]
+    with pytest.raises(JudgeError, match="holds no verdict"):
+        env.score(task, "Paris")
+
+    prompts: list[str] = []
+    real = judge_mod.llm_judge
+
+    def recording(complete, **kw):
+        def decide(prompt: str) -> str:
+            prompts.append(prompt)
+            assert isinstance(complete(prompt), str)  # the engine still answers for real
+            said = prompt.split("Response:")[1].split("\n")[0]
+            ref = prompt.split("Reference answer:")[1].split("\n")[0]
+            return '{"verdict": "correct"}' if ref.strip() in said else "incorrect"
+
+        return real(decide, **kw)
+
+    monkeypatch.setattr(judge_mod, "llm_judge", recording)
+    env = judge_mod.load_env(cfg)
+    ref = task.answer if isinstance(task.answer, str) else task.answer[0]
+    assert env.score(task, f"It is {ref}.") == 1.0 and env.score(task, "no idea") == 0.0
+    assert len(prompts) == 2 and task.metadata["question"] in prompts[0]

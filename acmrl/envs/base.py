@@ -114,8 +114,16 @@ class Environment:
     max_context_tokens: int | None = None
 
     def __init__(self, *, metric: str = "em", judge: Judge | None = None) -> None:
-        if metric not in METRICS:
-            raise EnvError(f"metric={metric!r} is not known; choose one of {', '.join(METRICS)}")
+        if metric not in (*METRICS, "judge"):
+            raise EnvError(
+                f"metric={metric!r} is not known; choose one of {', '.join(METRICS)}, judge"
+            )
+        if metric == "judge" and judge is None:
+            raise EnvError(
+                f"{self.name}: metric=judge scores with an LLM judge, and none is configured: "
+                "set env.judge.model (a local model, or one served at env.judge.base_urls), or "
+                f"choose an exact metric ({', '.join(METRICS)})"
+            )
         self.metric = metric
         self.judge = judge
         self._tasks: dict[str, list[Task]] = {}

@@ -22,6 +22,12 @@ Answers of either shape may carry **aliases** and form **answer sets**:
 Files may be JSONL, a JSON list, or Parquet. A row with a missing field is an error that names the
 file, the line and the field; documents the queries cite but the corpus lacks are counted in
 ``env.report``. Tools: ``search`` (BM25), ``open`` (the full document) and ``answer``.
+
+``preset="browsecomp-plus"`` runs BrowseComp-Plus as the ACM reference did (docs/envs.md):
+the top 10 results, each with a snippet of its first 512 tokens, ``open`` cut at 8,192 tokens,
+a line in the task that points to ``query_memory``, and an LLM judge as the metric
+(``env.judge``); each setting can still be given (``metric="em"`` is the exact-match fallback
+the tests use). Tokens are counted by ``tokenizer`` (default: the embedded model's).
 """
 
 from __future__ import annotations
@@ -37,6 +43,27 @@ from acmrl.envs.scoring import Judge, normalize_answer
 from acmrl.envs.search import Document, SearchIndex
 
 FORMATS = ("auto", "browsecomp", "jsonl")
+DEFAULTS: dict[str, Any] = {
+    "search_k": 5,
+    "snippet_tokens": None,  # snippets of 20 words
+    "document_tokens": None,  # open returns the whole document
+    "memory_hint": False,
+    "metric": "em",
+}
+# BrowseComp-Plus as the ACM reference ran it (docs/envs.md has the table beside the reference's)
+PRESETS: dict[str, dict[str, Any]] = {
+    "browsecomp-plus": {
+        "search_k": 10,
+        "snippet_tokens": 512,
+        "document_tokens": 8192,
+        "memory_hint": True,
+        "metric": "judge",
+    },
+}
+MEMORY_HINT = (
+    " Results you compacted away stay in the archive: query_memory retrieves them by id when "
+    "you have that tool."
+)
 _QUERY_FIELDS = {
     "browsecomp": ("query_id", "query", "answer"),
     "jsonl": ("id", "question", "answer"),
@@ -186,19 +213,51 @@ class CorpusQA(Environment):
         corpus: str | os.PathLike[str],
         *,
         format: str = "auto",
+        preset: str | None = None,
         eval_frac: float = 0.2,
-        search_k: int = 5,
+        search_k: int | None = None,
+        snippet_tokens: int | None = None,
+        document_tokens: int | None = None,
+        tokenizer: str | None = None,
+        memory_hint: bool | None = None,
         max_context_tokens: int = 32768,
-        metric: str = "em",
+        metric: str | None = None,
         judge: Judge | None = None,
     ) -> None:
-        super().__init__(metric=metric, judge=judge)
+        if preset is not None and preset not in PRESETS:
+            raise EnvError(
+                f"corpus_qa preset={preset!r} is not known; choose one of {list(PRESETS)}"
+            )
+        p = {**DEFAULTS, **PRESETS.get(preset or "", {})}
+        given = dict(
+            search_k=search_k,
+            snippet_tokens=snippet_tokens,
+            document_tokens=document_tokens,
+            memory_hint=memory_hint,
+            metric=metric,
+        )
+        p |= {k: v for k, v in given.items() if v is not None}
+        super().__init__(metric=p["metric"], judge=judge)
+        self.settings = p  # what this instance runs with (docs/envs.md's table)
+        self.memory_hint = bool(p["memory_hint"])
         if format not in FORMATS:
             raise EnvError(f"corpus_qa format={format!r} is not known; choose one of {FORMATS}")
         if not 0.0 <= eval_frac <= 1.0:
             raise EnvError(f"corpus_qa eval_frac={eval_frac} must be between 0 and 1")
         self.max_context_tokens = max_context_tokens
-        self.index = SearchIndex(load_corpus(Path(corpus)), k=search_k)
+        tok = None
+        if p["snippet_tokens"] or p["document_tokens"]:
+            from acmrl.config import DEFAULT_MODEL
+            from acmrl.models import load_tokenizer
+
+            tok = load_tokenizer(tokenizer or DEFAULT_MODEL)
+        self.index = SearchIndex(
+            load_corpus(Path(corpus)),
+            k=p["search_k"],
+            snippet_tokens=p["snippet_tokens"],
+            document_tokens=p["document_tokens"],
+            tokenizer=tok,
+        )
         self.documents = self.index.docs
         self.report = {"queries": 0, "missing_gold_docs": 0, "without_evidence": 0}
         self._tasks = {"train": [], "eval": []}
@@ -235,7 +294,8 @@ class CorpusQA(Environment):
             self.report["without_evidence"] += 1
         return Task(
             id=f"corpus_qa/{qid}",
-            prompt=f"{question}\n\nSearch the corpus to find the answer, then submit a short answer.",
+            prompt=f"{question}\n\nSearch the corpus to find the answer, then submit a short answer."
+            + (MEMORY_HINT if self.memory_hint else ""),
             answer=answer,
             metadata={
                 "env": self.name,

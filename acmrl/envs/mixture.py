@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from acmrl.envs.base import EnvError, Environment, Plan, Session, Task
+from acmrl.envs.scoring import Judge
 
 
 class Mixture(Environment):
@@ -30,8 +31,9 @@ class Mixture(Environment):
         env: str | None = None,
         seeds: list[int] | None = None,
         options: dict[str, Any] | None = None,
+        judge: Judge | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(judge=judge)
         from acmrl.envs import load
 
         if envs is None:
@@ -40,7 +42,8 @@ class Mixture(Environment):
             envs = [{"name": env, "options": {**(options or {}), "seed": s}} for s in seeds]
         if not envs:
             raise EnvError("mixture needs at least one environment")
-        self.members = [load(e["name"], **e.get("options", {})) for e in envs]
+        extra = {"judge": judge} if judge is not None else {}  # every member scores with it
+        self.members = [load(e["name"], **e.get("options", {}), **extra) for e in envs]
         self.name = "+".join(dict.fromkeys(m.name for m in self.members))
         self._owner: dict[str, Environment] = {}
         for member in self.members:

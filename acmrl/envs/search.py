@@ -32,7 +32,21 @@ def _tokenize(texts: list[str]) -> list[list[str]]:
 class SearchIndex:
     """A BM25 index (``bm25s``) over documents, addressable by id."""
 
-    def __init__(self, docs: list[Document], *, k: int = 5, snippet_words: int = 20) -> None:
+    def __init__(
+        self,
+        docs: list[Document],
+        *,
+        k: int = 5,
+        snippet_words: int = 20,
+        snippet_tokens: int | None = None,
+        document_tokens: int | None = None,
+        tokenizer: Any = None,
+    ) -> None:
+        """``snippet_tokens`` (instead of ``snippet_words``) and ``document_tokens`` cut a
+        snippet and an opened document at that many tokens of ``tokenizer`` (a Hugging Face
+        tokenizer), as BrowseComp-Plus's search tools do; ``None``: no token limit."""
+        if (snippet_tokens or document_tokens) and tokenizer is None:
+            raise ValueError("snippet_tokens / document_tokens need a tokenizer to count tokens")
         if not docs:
             raise ValueError("a search index needs at least one document")
         self.docs = docs
@@ -42,6 +56,8 @@ class SearchIndex:
             raise ValueError(f"document id {dup!r} occurs more than once")
         self.k = k
         self.snippet_words = snippet_words
+        self.snippet_tokens, self.document_tokens = snippet_tokens, document_tokens
+        self.tokenizer = tokenizer
         self._bm25 = bm25s.BM25()
         self._bm25.index(_tokenize([f"{d.title}\n{d.text}" for d in docs]), show_progress=False)
         self._vocab = set(self._bm25.vocab_dict)
@@ -71,7 +87,17 @@ class SearchIndex:
             ]
         return out
 
+    def _cut(self, text: str, limit: int) -> tuple[str, int]:
+        """``text`` cut to its first ``limit`` tokens, and how many tokens it has."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) <= limit:
+            return text, len(ids)
+        return self.tokenizer.decode(ids[:limit]), len(ids)
+
     def snippet(self, doc: Document) -> str:
+        if self.snippet_tokens:
+            cut, n = self._cut(" ".join(doc.text.split()), self.snippet_tokens)
+            return cut + (" ..." if n > self.snippet_tokens else "")
         words = doc.text.split()
         more = " ..." if len(words) > self.snippet_words else ""
         return " ".join(words[: self.snippet_words]) + more
@@ -100,20 +126,27 @@ class SearchIndex:
     def tool_open(self, doc_id: str) -> str:
         doc = self.get(doc_id)
         head = f"[{doc.id}] {doc.title}" + (f" ({doc.url})" if doc.url else "")
-        return f"{head}\n\n{doc.text}"
+        text = doc.text
+        if self.document_tokens:
+            text, n = self._cut(text, self.document_tokens)
+            if n > self.document_tokens:
+                text += f"\n[document cut: its first {self.document_tokens} of {n} tokens]"
+        return f"{head}\n\n{text}"
 
     def tools(self, what: str) -> list[dict[str, Any]]:
         """Schemas of ``search`` and ``open``; ``what`` describes the collection."""
         return [
             tool_schema(
                 "search",
-                f"Search {what} by keywords (BM25). Returns the ids, titles and first words of the "
+                f"Search {what} by keywords (BM25). Returns the ids, titles and first "
+                f"{f'{self.snippet_tokens} tokens' if self.snippet_tokens else 'words'} of the "
                 f"best {self.k} documents.",
                 {"query": {"type": "string", "description": "Keywords to search for."}},
             ),
             tool_schema(
                 "open",
-                "Open a document by its id and read its full text.",
+                "Open a document by its id and read its full text"
+                + (f" (at most {self.document_tokens} tokens)." if self.document_tokens else "."),
                 {"doc_id": {"type": "string", "description": "A document id from search."}},
             ),
         ]

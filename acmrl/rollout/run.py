@@ -10,8 +10,9 @@ from typing import Any
 
 from acmrl.config import RolloutConfig, to_dict
 from acmrl.engines.base import Engine
-from acmrl.envs import Environment, load
+from acmrl.envs import Environment
 from acmrl.rollout.agent import Episode
+from acmrl.rollout.judge import load_env
 from acmrl.rollout.worker import (
     TrajectoryWriter,
     episode_id,
@@ -137,7 +138,7 @@ def run_rollout(
 
     from acmrl.progress import progress as progress_for
 
-    env = load(cfg.env.name, **cfg.env.options)
+    env = load_env(cfg.env)
     n_tasks = len(env.tasks(cfg.env.split)[: cfg.env.limit])
     total = n_tasks * len(cfg.arms) * cfg.samples
     writer = TrajectoryWriter(cfg.output)

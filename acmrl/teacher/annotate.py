@@ -18,15 +18,16 @@ from typing import Any
 
 from acmrl.config import AnnotateConfig
 from acmrl.engines.base import Engine
-from acmrl.envs import Environment, Task, load
+from acmrl.envs import Environment, Task
 from acmrl.rollout.agent import Episode, arm_tools
+from acmrl.rollout.judge import load_env
 from acmrl.rollout.records import Trajectory
 from acmrl.rollout.run import make_engine
 from acmrl.rollout.worker import JsonlLog, run_episodes
 from acmrl.teacher.assessment import Assessment, seen_text, validate
 from acmrl.teacher.dataset import build_dataset, read_records
 from acmrl.teacher.demonstrate import demonstrate
-from acmrl.teacher.llm import LLMTeacher
+from acmrl.teacher.llm import LLMTeacher, gold_evidence
 from acmrl.teacher.oracle import OracleTeacher
 from acmrl.teacher.splice import run_spliced, splice_episodes, state_before
 from acmrl.teacher.topk import add_teacher_topk
@@ -67,6 +68,7 @@ def make_teacher(cfg: AnnotateConfig, env: Environment, student: Engine) -> Any:
         max_attempts=t.max_attempts,
         max_tokens=t.max_tokens,
         known_names=known_names(env),
+        evidence=gold_evidence(env),
     )
 
 
@@ -221,7 +223,7 @@ def run_annotate(cfg: AnnotateConfig, engine: Engine | None = None) -> dict[str,
     from acmrl.progress import progress as progress_for
 
     i, n = (int(x) for x in cfg.shard.split("/"))
-    env = load(cfg.env.name, **cfg.env.options)
+    env = load_env(cfg.env)
     every = env.tasks(cfg.env.split)[: cfg.env.limit]
     tasks = every[i::n]
     student_ids = None
@@ -254,14 +256,14 @@ def run_annotate(cfg: AnnotateConfig, engine: Engine | None = None) -> dict[str,
         log.close()
     if not cfg.build_dataset:
         return {"shard": cfg.shard, "tasks": len(tasks), "annotated now": len(todo)}
-    _, stats = build_dataset(out, sample_weights(cfg))
+    _, stats = build_dataset(out, sample_weights(cfg), solve_filter=cfg.solve_filter)
     return stats
 
 
 def merge_shards(cfg: AnnotateConfig, n: int) -> dict[str, Any]:
     """Build the dataset of an ``n``-shard run (a job array's merge step): every shard must have
     recorded all of its tasks, and no records of another sharding may lie beside them."""
-    env = load(cfg.env.name, **cfg.env.options)
+    env = load_env(cfg.env)
     every = env.tasks(cfg.env.split)[: cfg.env.limit]
     out = Path(cfg.output)
     paths = [out / f"records-{i}-of-{n}.jsonl" for i in range(n)]
@@ -279,7 +281,7 @@ def merge_shards(cfg: AnnotateConfig, n: int) -> dict[str, Any]:
             short.append(f"shard {i}/{n} recorded {len(want & done)} of {len(want)} tasks")
     if short:
         raise ValueError(f"--merge {n}: " + "; ".join(short) + " (rerun those shards: they resume)")
-    _, stats = build_dataset(out, sample_weights(cfg), paths)
+    _, stats = build_dataset(out, sample_weights(cfg), paths, solve_filter=cfg.solve_filter)
     return stats
 
 

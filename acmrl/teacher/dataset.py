@@ -78,25 +78,41 @@ def _row(traj: Trajectory, role: str, a: dict[str, Any] | None, n_samples: int) 
 
 
 def build_dataset(
-    out: str | Path, weights: SampleWeights | None = None, paths: list[Path] | None = None
+    out: str | Path,
+    weights: SampleWeights | None = None,
+    paths: list[Path] | None = None,
+    solve_filter: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
     """Rebuild ``out/dataset`` (and Parquet files and the card) from the records; returns the
     DatasetDict and the card's counts. Every trajectory's samples include its summariser and
     querier calls (a demonstration's notes are the teacher's), weighted per token by
-    ``weights`` (:mod:`acmrl.train.samples`). ``paths``: these records files only."""
+    ``weights`` (:mod:`acmrl.train.samples`). ``paths``: these records files only. With
+    ``solve_filter`` a task whose every resume succeeded keeps only its demonstrations
+    (:func:`solved_in_every_resume`)."""
     out = Path(out)
     with _build_lock(out):
-        return _build(out, weights, paths)
+        return _build(out, weights, paths, solve_filter)
+
+
+def solved_in_every_resume(record: dict[str, Any]) -> bool:
+    """Whether the student solved the task in every resume of the record (at least one): the
+    reference's solve-count filter drops such a question, which has nothing left to teach."""
+    scores = [r.get("score") or 0.0 for r in record.get("resumed", [])]
+    return bool(scores) and all(s >= 1.0 for s in scores)
 
 
 def _build(
-    out: Path, weights: SampleWeights | None, paths: list[Path] | None
+    out: Path, weights: SampleWeights | None, paths: list[Path] | None, solve_filter: bool
 ) -> tuple[Any, dict[str, Any]]:
     from datasets import Dataset, DatasetDict
 
     traj_rows, sample_rows = [], []
+    dropped = 0
     for rec in read_records(out, paths):
         by_source = {a["source"]: a for a in rec["assessments"]}
+        if solve_filter and solved_in_every_resume(rec):
+            dropped += 1
+            rec = {**rec, "trajectories": [], "resumed": []}
         for role, key in (
             ("student", "trajectories"),
             ("resumed", "resumed"),
@@ -136,7 +152,7 @@ def _build(
         part = out / "parquet" / f".{split}.parquet.tmp-{os.getpid()}"
         ds[split].to_parquet(str(part))
         os.replace(part, out / "parquet" / f"{split}.parquet")
-    stats = card_stats(traj_rows, sample_rows)
+    stats = card_stats(traj_rows, sample_rows) | {"solved_dropped": dropped}
     card_tmp = out / f".README.md.tmp-{os.getpid()}"
     card_tmp.write_text(card(stats))
     os.replace(card_tmp, out / "README.md")

@@ -23,7 +23,7 @@ from acmrl.teacher.assessment import KINDS, Assessment, seen_text, validate
 TEACHER_PROMPT = """You review an AI agent's attempt at a task, to teach it when and how to manage its context.
 
 Task: {task}
-Reference answer: {reference}
+Reference answer: {reference}{evidence}
 The agent's context budget: {budget} tokens (system prompt and tools included).
 The agent's tools: {tools}
 
@@ -114,10 +114,27 @@ class LLMTeacher:
         max_tokens: int = 400,
         max_chars: int = 600,
         known_names: set[str] | None = None,
+        evidence: Callable[[Task], list[tuple[str, str]]] | None = None,
+        excerpt_chars: int = 500,
     ) -> None:
+        """``evidence(task)``: the gold documents' ``(id, text)`` pairs the answer rests on
+        (:func:`gold_evidence`); the prompt shows an excerpt of each, as the ACM reference's
+        teacher sees them beside the reference answer."""
         self.engine, self.tokenizer, self.name = engine, tokenizer, name
+        self.evidence, self.excerpt_chars = evidence, excerpt_chars
         self.max_attempts, self.max_tokens, self.max_chars = max_attempts, max_tokens, max_chars
         self.known_names = known_names or set()
+
+    def _evidence_text(self, task: Task) -> str:
+        docs = self.evidence(task) if self.evidence else []
+        if not docs:
+            return ""
+        lines = ["", "Gold evidence (excerpts; the agent sees a document only once it opens it):"]
+        for doc_id, text in docs:
+            flat = " ".join(text.split())
+            cut = flat[: self.excerpt_chars] + (" ..." if len(flat) > self.excerpt_chars else "")
+            lines.append(f"- [{doc_id}] {cut}")
+        return "\n".join(lines)
 
     def _ids(self, messages: list[dict[str, str]]) -> list[int]:
         return list(
@@ -142,6 +159,7 @@ class LLMTeacher:
         prompt = TEACHER_PROMPT.format(
             task=task.prompt,
             reference=ref,
+            evidence=self._evidence_text(task),
             budget=budget,
             tools=tool_list,
             steps=_steps_text(traj, self.max_chars),
@@ -206,3 +224,17 @@ class LLMTeacher:
             known_names=self.known_names,
             state=state_at(a.step) if evolve and state_at is not None else None,
         )
+
+
+def gold_evidence(env: Any) -> Callable[[Task], list[tuple[str, str]]] | None:
+    """The gold documents of a task (``task.metadata["gold_docs"]``) in an environment that
+    holds documents (kb_search, corpus_qa); None for one that does not."""
+    docs = {d.id: d for d in getattr(env, "documents", None) or []}
+    if not docs:
+        return None
+
+    def evidence(task: Task) -> list[tuple[str, str]]:
+        ids = task.metadata.get("gold_docs") or []
+        return [(i, f"{docs[i].title}: {docs[i].text}") for i in ids if i in docs]
+
+    return evidence

@@ -22,14 +22,14 @@ from typing import Any
 from acmrl.config import ExportConfig, to_dict
 from acmrl.context.evolve import EVOLVE_TOOL_SCHEMA, STATE_PROMPT
 from acmrl.context.render import Renderer
-from acmrl.envs import load
 from acmrl.rollout import prompts
+from acmrl.rollout.judge import load_env
 from acmrl.train.common import adapter_base, load_start_model
 
 
 def agent_spec(cfg: ExportConfig) -> dict[str, Any]:
     """The system prompt, tools and budget an agent of ``cfg.arm`` sees on ``cfg.env``."""
-    env = load(cfg.env.name, **cfg.env.options)
+    env = load_env(cfg.env)
     task = env.tasks(cfg.env.split)[0]
     budget = cfg.agent.max_context_tokens or env.max_context_tokens or 8192
     extra = {"acm": prompts.ACM_TOOLS, "evolve": [EVOLVE_TOOL_SCHEMA]}.get(cfg.arm, [])

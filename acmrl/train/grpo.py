@@ -80,10 +80,11 @@ from typing import Any
 import torch
 
 from acmrl.config import GRPOConfig, to_dict
-from acmrl.envs import Environment, load
+from acmrl.envs import Environment
 from acmrl.envs.base import Task
 from acmrl.rewards import COMPACTIONS, RewardWeights, trajectory_reward
 from acmrl.rollout.agent import Episode
+from acmrl.rollout.judge import load_env
 from acmrl.rollout.records import Trajectory
 from acmrl.rollout.run import make_episode
 from acmrl.rollout.worker import JsonlLog, episode_id, run_episodes
@@ -271,7 +272,7 @@ class GRPOTrainer:
         self.cfg = cfg
         self.out = Path(cfg.output)
         ckpt = start_run(cfg, resume=resume, resume_from=resume_from)
-        self.env = env or load(cfg.env.name, **cfg.env.options)
+        self.env = env or load_env(cfg.env)
         self.tasks = self.env.tasks(cfg.env.split)[: cfg.env.limit]
         if not self.tasks:
             raise ValueError(f"env {cfg.env.name!r} split {cfg.env.split!r} has no tasks")
