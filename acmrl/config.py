@@ -444,10 +444,12 @@ class EnvConfig:
 class EngineConfig:
     """The generation backend."""
 
-    kind: Literal["hf", "openai", "vllm"] = option(
+    kind: Literal["hf", "openai", "vllm", "oracle"] = option(
         "hf",
         "hf: transformers in this process; openai: OpenAI-compatible servers (vllm serve, "
-        "acmrl serve); vllm: vLLM's offline engine in this process (pip install acmrl[vllm])",
+        "acmrl serve); vllm: vLLM's offline engine in this process (pip install acmrl[vllm]); "
+        "oracle (acmrl eval only): the teacher's expert plan plays every arm, so Table 2 "
+        "compares the arms' context handling with the policy held fixed",
     )
     reuse_cache: bool = option(True, "keep each session's KV cache across turns (hf)")
     max_batch: int = option(8, "most requests decoded together (hf)", min=1)

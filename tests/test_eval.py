@@ -13,7 +13,6 @@ from acmrl.engines.scripted import ScriptedEngine
 from acmrl.envs import load
 from acmrl.eval.run import compare, run_eval
 from acmrl.rollout.records import ContextEvent, ModelCall, Step, Trajectory
-from acmrl.teacher.demonstrate import Demonstrator
 
 
 def test_doctests():
@@ -92,17 +91,9 @@ def test_arm_summary_and_paired_differences():
 
 def oracle_engine(env, tokenizer, pressure=0.75, budget=1400):
     """The oracle's demonstrations as an engine: the same policy for every arm."""
-    tasks = {t.id: t for split in env.splits for t in env.tasks(split)}
-    demos = {}
+    from acmrl.teacher.demonstrate import oracle_engine as engine
 
-    def reply(session_id, prompt):
-        eid = session_id.removesuffix("/summariser").removesuffix("/querier")
-        task_id, arm, _ = eid.rsplit("#", 2)
-        if eid not in demos:
-            demos[eid] = Demonstrator(env, tasks[task_id], arm, budget, tokenizer, pressure)
-        return demos[eid](session_id, prompt)
-
-    return ScriptedEngine(tokenizer, reply, truncate=False)
+    return engine(env, tokenizer, budget, pressure)
 
 
 def test_eval_writes_a_full_report_and_compare_reads_two(tmp_path, tokenizer):

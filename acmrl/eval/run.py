@@ -55,11 +55,25 @@ def _budget_of(cfg: EvalConfig) -> Any:
     return budget
 
 
+def _oracle(cfg: EvalConfig) -> Engine:
+    """``engine.kind=oracle``: the expert plan as the policy of every arm (its tokenizer is
+    ``model.name``'s, which renders the contexts and counts the budget)."""
+    from acmrl.models import load_tokenizer
+    from acmrl.rollout.judge import load_env
+    from acmrl.teacher.demonstrate import oracle_engine
+
+    env = load_env(cfg.env)
+    budget = cfg.agent.max_context_tokens or env.max_context_tokens or 8192
+    return oracle_engine(env, load_tokenizer(cfg.model.name), budget)
+
+
 def run_eval(cfg: EvalConfig, engine: Engine | None = None) -> dict[str, Any]:
     """Run (unless ``report_only``) and write the report; returns it."""
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     if not cfg.report_only:
+        if engine is None and cfg.engine.kind == "oracle":
+            engine = _oracle(cfg)
         run_rollout(rollout_config(cfg), engine=engine)
     path = out / EPISODES
     if not path.exists():

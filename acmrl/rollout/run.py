@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from acmrl.config import RolloutConfig, to_dict
+from acmrl.config import ConfigError, RolloutConfig, to_dict
 from acmrl.engines.base import Engine
 from acmrl.envs import Environment
 from acmrl.rollout.agent import Episode
@@ -26,6 +26,11 @@ def make_engine(cfg: Any) -> Engine:
     """The student engine of a rollout or annotate config; it carries the tokenizer that renders
     States (``engine.tokenizer``)."""
     e = cfg.engine
+    if e.kind == "oracle":
+        raise ConfigError(
+            "engine.kind=oracle is the expert plan as a policy, for acmrl eval only; "
+            "rollout, annotate and GRPO need a model (hf, openai or vllm)"
+        )
     if e.kind == "openai":
         import os
 

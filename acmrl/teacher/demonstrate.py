@@ -138,15 +138,18 @@ class Demonstrator:
         if self.arm == "memory" and not self.read_memory and self.done:
             # what moved to memory is read back before searching again or answering from it
             again = name == "search" and (name, json.dumps(args, sort_keys=True)) in self.done
-            if again or (name == "answer" and str(args.get("text", "")) not in prompt):
+            if again or (name == "answer" and not self._in_view(args, prompt)):
                 self.read_memory = True
                 return self._turn(
                     "What I need has moved to my memory; I will read it.", "read_memory", {}
                 )
-        if name == "answer" and str(args.get("text", "")) not in prompt:
-            # the answer must come from what the context shows: read its document again
-            last = self.task.metadata.get("gold_docs", [""])[-1]
-            name, args = ("open", {"doc_id": last}) if last in prompt else self._search_last()
+        gold = self.task.metadata.get("gold_docs") or []
+        if name == "answer" and gold and not self._in_view(args, prompt):
+            # the answer must come from what the context shows: read its document again (an
+            # environment without documents has no such step: its plan's reads are done)
+            name, args = (
+                ("open", {"doc_id": gold[-1]}) if gold[-1] in prompt else self._search_last()
+            )
         self.done.append((name, json.dumps(args, sort_keys=True)))
         why = self._answer_rationale(prompt) if name == "answer" else None
         if self.compacted and self.arm == "acm" and why is None:
@@ -154,6 +157,12 @@ class Demonstrator:
             why = followed_plan(prompt, name, args)
         self.compacted = self.read_memory = False
         return self._turn(why or _describe(name, args, self.task), name, args)
+
+    @staticmethod
+    def _in_view(args: dict[str, Any], prompt: str) -> bool:
+        """Whether the answer is in the context: its text, or each part of a listed answer."""
+        text = str(args.get("text", ""))
+        return text in prompt or all(p.strip() in prompt for p in text.split(","))
 
     def _answer_rationale(self, prompt: str) -> str | None:
         """With ``reasoned_answers``: the fact the answer rests on and what it looks for, both
@@ -321,3 +330,21 @@ def demonstrate(
         }
         out.append(ep.traj)
     return out
+
+
+def oracle_engine(env: Environment, tokenizer: Any, budget: int, pressure: float = 0.75) -> Any:
+    """The oracle's expert plan as an engine: any episode whose id is ``<task>#<arm>#<n>`` is
+    played by a :class:`Demonstrator` of that task and arm (policy, summariser and querier
+    calls alike), so every arm runs the same policy. ``acmrl eval engine.kind=oracle`` uses it:
+    Table 2 with the policy held fixed, what each arm's context handling alone gives."""
+    tasks = {t.id: t for split in env.splits for t in env.tasks(split)}
+    demos: dict[str, Demonstrator] = {}
+
+    def reply(session_id: str, prompt: str) -> str:
+        eid = session_id.removesuffix("/summariser").removesuffix("/querier")
+        task_id, arm, _ = eid.rsplit("#", 2)
+        if eid not in demos:
+            demos[eid] = Demonstrator(env, tasks[task_id], arm, budget, tokenizer, pressure)
+        return demos[eid](session_id, prompt)
+
+    return ScriptedEngine(tokenizer, reply, truncate=False)
