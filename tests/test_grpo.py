@@ -170,6 +170,13 @@ def test_full_weight_sync_needs_cuda():
 
     with pytest.raises(WeightSyncError, match=r"needs a CUDA device.*lora\.enabled=true"):
         FullWeightSync(["http://x:8000"], torch.device("cpu"), 51216)
+    trl_utils = pytest.importorskip("trl.import_utils")  # installed with the bench extra
+
+    if not trl_utils.is_vllm_available():  # this project's environment: TRL without vLLM
+        from acmrl.train.weight_sync import _trl_client
+
+        with pytest.raises(WeightSyncError, match=r"needs vllm installed beside the trainer"):
+            _trl_client()
 
 
 def test_grpo_with_served_rollouts_syncs_the_adapter(tmp_path, peaked_model, target):

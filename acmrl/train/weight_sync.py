@@ -46,6 +46,14 @@ def _trl_client() -> Callable[..., Any]:
             "full-weight sync (GRPO, engine.kind=openai, lora.enabled=false) uses TRL's "
             f"VLLMClient: pip install 'acmrl[weight-sync]' (trl>=1.16, vllm) ({exc})"
         ) from None
+    from trl.import_utils import is_vllm_available
+
+    if not is_vllm_available():  # the trainer's side of the transfer is vLLM's NCCL code
+        raise WeightSyncError(
+            "full-weight sync needs vllm installed beside the trainer too (TRL's client joins "
+            "the servers' NCCL group with vLLM's weight-transfer code): pip install "
+            "'acmrl[weight-sync]'"
+        )
     return VLLMClient
 
 
