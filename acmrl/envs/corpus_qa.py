@@ -239,7 +239,6 @@ class CorpusQA(Environment):
         p |= {k: v for k, v in given.items() if v is not None}
         super().__init__(metric=p["metric"], judge=judge)
         self.settings = p  # what this instance runs with (docs/envs.md's table)
-        self.memory_hint = bool(p["memory_hint"])
         if format not in FORMATS:
             raise EnvError(f"corpus_qa format={format!r} is not known; choose one of {FORMATS}")
         if not 0.0 <= eval_frac <= 1.0:
@@ -295,7 +294,7 @@ class CorpusQA(Environment):
         return Task(
             id=f"corpus_qa/{qid}",
             prompt=f"{question}\n\nSearch the corpus to find the answer, then submit a short answer."
-            + (MEMORY_HINT if self.memory_hint else ""),
+            + (MEMORY_HINT if self.settings["memory_hint"] else ""),
             answer=answer,
             metadata={
                 "env": self.name,

@@ -298,21 +298,16 @@ def demonstrate(
 ) -> list[Trajectory]:
     """One demonstration per task and arm, run through the real agent loop; all policy turns are
     marked as the teacher's."""
-    episodes, demos = [], {}
-    for task in tasks:
-        for arm in arms:
-            ep = Episode(
-                f"{task.id}#{arm}#demo", env, task, arm, tokenizer, agent=agent, sampling=sampling
-            )
-            episodes.append(ep)
-            at = pressure_for(task.id, pressure, pressure_spread)
-            demos[ep.id] = Demonstrator(env, task, arm, ep.budget, tokenizer, at, reasoned_answers)
-
-    def reply(session_id: str, prompt: str) -> str:
-        episode = session_id.removesuffix("/summariser").removesuffix("/querier")
-        return demos[episode](session_id, prompt)
-
-    engine = ScriptedEngine(tokenizer, reply, truncate=False)
+    episodes = [
+        Episode(f"{task.id}#{arm}#demo", env, task, arm, tokenizer, agent=agent, sampling=sampling)
+        for task in tasks
+        for arm in arms
+    ]
+    if not episodes:
+        return []
+    engine = oracle_engine(
+        env, tokenizer, episodes[0].budget, pressure, pressure_spread, reasoned_answers
+    )
     run_episodes(episodes, engine, concurrency=concurrency)
     out = []
     for ep in episodes:
@@ -332,11 +327,19 @@ def demonstrate(
     return out
 
 
-def oracle_engine(env: Environment, tokenizer: Any, budget: int, pressure: float = 0.75) -> Any:
+def oracle_engine(
+    env: Environment,
+    tokenizer: Any,
+    budget: int,
+    pressure: float = 0.75,
+    pressure_spread: list[float] | None = None,
+    reasoned_answers: bool = False,
+) -> Any:
     """The oracle's expert plan as an engine: any episode whose id is ``<task>#<arm>#<n>`` is
     played by a :class:`Demonstrator` of that task and arm (policy, summariser and querier
-    calls alike), so every arm runs the same policy. ``acmrl eval engine.kind=oracle`` uses it:
-    Table 2 with the policy held fixed, what each arm's context handling alone gives."""
+    calls alike; compacting at :func:`pressure_for` of the task), so every arm runs the same
+    policy. :func:`demonstrate` runs on it, and ``acmrl eval engine.kind=oracle``: Table 2 with
+    the policy held fixed, what each arm's context handling alone gives."""
     tasks = {t.id: t for split in env.splits for t in env.tasks(split)}
     demos: dict[str, Demonstrator] = {}
 
@@ -344,7 +347,10 @@ def oracle_engine(env: Environment, tokenizer: Any, budget: int, pressure: float
         eid = session_id.removesuffix("/summariser").removesuffix("/querier")
         task_id, arm, _ = eid.rsplit("#", 2)
         if eid not in demos:
-            demos[eid] = Demonstrator(env, tasks[task_id], arm, budget, tokenizer, pressure)
+            at = pressure_for(task_id, pressure, pressure_spread)
+            demos[eid] = Demonstrator(
+                env, tasks[task_id], arm, budget, tokenizer, at, reasoned_answers
+            )
         return demos[eid](session_id, prompt)
 
     return ScriptedEngine(tokenizer, reply, truncate=False)
