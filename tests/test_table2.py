@@ -116,7 +116,8 @@ def test_oracle_evolve_demonstrations_where_react_overflows(tmp_path, tokenizer)
     a budget where ReAct's overflow; counts printed. corpus_qa's pages are bulky, so the cut
     (keep the sentences that name what the plan needs) saves more than evolve's system prompt
     and program cost; code_nav's reads are short, so at a budget where ReAct overflows the
-    evolve arm does not fit either (its State prompt and tool take ~430 tokens more)."""
+    evolve arm does not fit either (its State prompt and tool take ~430 tokens more;
+    benchmarks/arm_budgets.py measures by how much per task)."""
     agent = dict(max_turns=12, context_signal=True)
     sampling = SamplingConfig(max_new_tokens=96, stop=["</tool_call>"])
     counts = {}

@@ -467,6 +467,14 @@ def test_teacher_evolve_edits_keep_what_the_plan_still_needs():
     after = apply_evolve([*state, evolve_call("e", code)]).state[: len(state)]
     assert len(json.dumps(after)) < len(json.dumps(state)) * 0.8  # it did cut
     assert not dropped(state, after, needed)
+    # written for the State it edits: the person's name, in every sentence of their page,
+    # selects nothing and is left out; the cut keeps only the facts, and still drops nothing
+    sharp = keep_facts_code(task, plan, seen, repeats=False)
+    assert task.metadata["entities"][0] not in sharp.split("\n")[0] and len(sharp) < len(code)
+    cut = apply_evolve([*state, evolve_call("e", sharp)]).state[: len(state)]
+    assert len(json.dumps(cut)) < len(json.dumps(after)) and not dropped(state, cut, needed)
+    for fact in task.metadata["facts"]:
+        assert fact.rstrip(".").split(" is ")[-1] in json.dumps(cut)
     wipe = "return state.map(i => i.type === 'function_call_output' ? {...i, output: 'x'} : i);"
     bad = Assessment(
         "injection", 3, {"name": "evolve", "arguments": {"code": wipe}}, rationale, "t"

@@ -95,6 +95,7 @@ class Demonstrator:
         self.done: list[tuple[str, str]] = []
         self.opened: set[str] = set()  # documents read, whether still in context or not
         self.compacted = False  # a compaction since the last environment call
+        self.evolved = False  # an evolve call is in the State (its code can go)
         self.read_memory = False  # memory arm: the memory was read since the last env call
 
     def __call__(self, session_id: str, prompt: str) -> str:
@@ -130,10 +131,18 @@ class Demonstrator:
                     "manage_context",
                     {},
                 )
+            code = keep_facts_code(
+                self.task,
+                self.env.oracle_plan(self.task),
+                prompt,
+                repeats=len(set(self.done)) < len(self.done),
+                old_code=self.evolved,
+            )
+            self.evolved = True
             return self._turn(
                 f"{why}, so I will cut what I have read down to its facts.",
                 "evolve",
-                {"code": keep_facts_code(self.task, self.env.oracle_plan(self.task))},
+                {"code": code},
             )
         if self.arm == "memory" and not self.read_memory and self.done:
             # what moved to memory is read back before searching again or answering from it

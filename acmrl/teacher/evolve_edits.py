@@ -1,14 +1,17 @@
 """The teacher's ``evolve`` edits for any environment, from seed 001's patterns.
 
 Seed 001's examples edit the State in a few recurring ways; :func:`keep_facts_code` writes one
-program that does three of them, parameterised by the task:
+program that does them, parameterised by the task and written for the State it edits (only the
+clauses that State calls for, so that the edit costs few generated tokens):
 
+- drop bulky outputs after keeping their facts: a result of :data:`SHORT` characters or more
+  keeps only its lines and sentences that mention what the task still needs
+  (:func:`needed_terms`: the question's names and code symbols, the documents or files the
+  expert plan reads, the years of the facts it rests on; never the answer itself), of those
+  terms only the ones that select in that State (:func:`selective_terms`);
 - collapse repeated calls: of several identical calls (same tool, same arguments) only the
   latest result stays; the older ones say where to look;
-- drop bulky outputs after keeping their facts: a long result keeps only its lines and sentences
-  that mention what the task still needs (:func:`needed_terms`: the question's names and code
-  symbols, the documents or files the expert plan reads, the years of the facts it rests on;
-  never the answer itself);
+- an earlier evolve call's code is replaced by ``(applied)``: its edit is in the State;
 - keep the task and the latest plan: user and assistant messages are never touched.
 
 The check (:func:`dropped`) is what makes such an edit safe to teach: the program is run in the
@@ -28,18 +31,23 @@ _NAMES = re.compile(r"\b[A-Z][\w'-]+(?: [A-Z][\w'-]+)+")  # multi-word proper na
 _CODE = re.compile(r"`([^`\n]+)`")  # code symbols and modules in backticks
 _YEAR = re.compile(r"\b\d{4}\b")
 
-KEEP_FACTS_JS = r"""
-const need = __TERMS__, key = {}, last = {};
+SHORT = 200  # results shorter than this (characters) are kept whole
+_SENTENCES = re.compile(r"\n+|(?<=\.)\s+")  # the program splits results the same way
+
+# The program, clause by clause: the teacher writes only the clauses the State calls for, so
+# that the edit costs few generated tokens (single quotes: no JSON escapes).
+_OLD_CODE = "i.type === 'function_call' && i.name === 'evolve' && n < state.length - 1 ? {...i, arguments: '{\"code\":\"(applied)\"}'}\n  : "
+_REPEATS = """const key = {}, last = {};
 state.forEach((i, n) => {
-  if (i.type === "function_call") key[i.call_id] = i.name + i.arguments;
-  if (i.type === "function_call_output") last[key[i.call_id]] = n;
+  if (i.type === 'function_call') key[i.call_id] = i.name + i.arguments;
+  if (i.type === 'function_call_output') last[key[i.call_id]] = n;
 });
-return state.map((i, n) => i.type !== "function_call_output" || typeof i.output !== "string" ? i
-  : last[key[i.call_id]] !== n ? {...i, output: "(repeated later: see that result)"}
-  : i.output.length < 400 ? i
-  : {...i, output: i.output.split(/\n+|(?<=\.)\s+/).filter(p => need.some(t => p.includes(t)))
-      .join("\n") || i.output.slice(0, 160)});
-""".strip()
+"""
+_REPEATED = "last[key[i.call_id]] !== n ? {...i, output: '(repeated later: see that result)'}\n  : "
+_GUARD = "i.type !== 'function_call_output' || typeof i.output !== 'string' ? i\n  : "
+_CUT = """i.output.length < __SHORT__ ? i
+  : {...i, output: i.output.split(/\\n+|(?<=\\.)\\s+/).filter(p => need.some(t => p.includes(t))).join('\\n')
+      || i.output.slice(0, 120)}"""
 
 
 def _answers(task: Task) -> list[str]:
@@ -64,8 +72,49 @@ def needed_terms(task: Task, plan: list[tuple[str, dict[str, Any]]]) -> list[str
     return sorted(t for t in terms if len(t) > 2 and not any(a in t.casefold() for a in answers))
 
 
-def keep_facts_code(task: Task, plan: list[tuple[str, dict[str, Any]]]) -> str:
-    return KEEP_FACTS_JS.replace("__TERMS__", json.dumps(needed_terms(task, plan)))
+def selective_terms(terms: list[str], context: str, keep: set[str] = frozenset()) -> list[str]:
+    """The terms that select evidence in ``context`` (the text the State shows): those it holds,
+    less any named in most of the sentences that name a term (a page's own subject, in every
+    sentence of its page, selects nothing), unless it is in ``keep`` or no other term is left.
+
+    >>> selective_terms(["Ann Lee", "1940", "Oslo"], "Ann Lee was born in 1940. Ann Lee sings.")
+    ['1940']
+    """
+    sentences = [p for p in _SENTENCES.split(context) if any(t in p for t in terms)]
+    present = [t for t in terms if any(t in p for p in sentences)]
+    sharp = [
+        t for t in present if t in keep or 2 * sum(t in p for p in sentences) <= len(sentences)
+    ]
+    return sharp or present or terms
+
+
+def _js_string(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
+
+
+def keep_facts_code(
+    task: Task,
+    plan: list[tuple[str, dict[str, Any]]],
+    context: str | None = None,
+    *,
+    repeats: bool = True,
+    old_code: bool = False,
+) -> str:
+    """The keep-facts program for ``task``. Given ``context`` (what the State shows), its terms
+    are the :func:`selective_terms` there; ``repeats`` adds the collapse of repeated calls and
+    ``old_code`` the replacement of earlier evolve calls' code (their edits are applied)."""
+    terms = needed_terms(task, plan)
+    if context is not None:
+        terms = selective_terms(terms, context, keep=set(still_needed(task, plan)))
+    head = f"const need = [{', '.join(_js_string(t) for t in terms)}];\n"
+    body = _CUT.replace("__SHORT__", str(SHORT))
+    if repeats:
+        head += _REPEATS
+        body = _REPEATED + body
+    body = _GUARD + body
+    if old_code:
+        body = _OLD_CODE + body
+    return f"{head}return state.map((i, n) => {body});"
 
 
 def still_needed(task: Task, plan: list[tuple[str, dict[str, Any]]]) -> list[str]:

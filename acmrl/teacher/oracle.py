@@ -177,7 +177,18 @@ class OracleTeacher:
                     action = {"name": "manage_context", "arguments": {}}
                     rationale = f"{why} I will compact my earlier steps before I continue."
                 else:
-                    code = keep_facts_code(task, self.env.oracle_plan(task))
+                    before = [
+                        (a["name"], json.dumps(a["arguments"], sort_keys=True))
+                        for t in steps[:i]
+                        for a in t.actions
+                    ]
+                    code = keep_facts_code(
+                        task,
+                        self.env.oracle_plan(task),
+                        seen,
+                        repeats=len(set(before)) < len(before),
+                        old_code=any(name == "evolve" for name, _ in before),
+                    )
                     action = {"name": "evolve", "arguments": {"code": code}}
                     rationale = f"{why} I will cut the documents I have read down to their facts."
                 a = Assessment("injection", i, action, rationale, self.name)
