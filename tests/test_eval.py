@@ -49,6 +49,25 @@ def test_episode_row_by_hand():
     assert row["cost_call_tokens"] == 1 and row["cost_cache_tokens"] == 5
 
 
+def test_compaction_points_count_applied_compactions_only():
+    """One rule for every report (eval, GRPO's rollout metrics, versus, curves): applied
+    compactions, not a refused one nor a query_memory lookup, over the episode's own budget."""
+    t = Trajectory("e", "t1", "kb", "acm", 0, 0, "m", "q", "a")
+    events = [
+        ContextEvent("manage_context", 600, 200, 2, 5, 1, 13, 19.0),
+        ContextEvent("manage_context", 900, 900, 2, 0, 0, 0, 0.0, applied=False),
+        ContextEvent("query_memory", 500, 540, 2, 0, 0, 8, 8.0),
+        ContextEvent("evolve", 800, 300, 2, 5, 1, 0, 9.0),
+    ]
+    t.steps = [Step(0, _call([1], [2]), events=events)]
+    assert t.compaction_points() == []  # no budget recorded: no point to place
+    t.metrics["budget"] = 1000
+    assert t.compaction_points() == [0.6, 0.8]
+    assert t.compaction_points(budget=2000) == [0.3, 0.4]
+    again = Trajectory.from_dict(json.loads(json.dumps(t.to_dict())))
+    assert again.compaction_points() == [0.6, 0.8]  # versus reads the JSON records
+
+
 def test_arm_summary_and_paired_differences():
     def row(task, arm, success, peak):
         return {

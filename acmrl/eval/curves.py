@@ -33,7 +33,6 @@ COLUMNS = [
 
 def stage_rows(stages: list[tuple[str, Path]]) -> list[dict[str, Any]]:
     """One row per stage and arm, from each eval folder's ``report.json`` and episodes."""
-    from acmrl.eval.report import COMPACTIONS
     from acmrl.rollout.worker import read_trajectories
 
     rows = []
@@ -42,13 +41,7 @@ def stage_rows(stages: list[tuple[str, Path]]) -> list[dict[str, Any]]:
         points: dict[str, list[float]] = {}
         episodes = Path(folder) / "episodes.jsonl"
         for t in read_trajectories(episodes) if episodes.exists() else []:
-            budget = t.metrics.get("budget") or 1
-            points.setdefault(t.arm, []).extend(
-                e.tokens_before / budget
-                for s in t.steps
-                for e in s.events
-                if e.kind in COMPACTIONS and e.applied
-            )
+            points.setdefault(t.arm, []).extend(t.compaction_points())
         for arm, s in report["arms"].items():
             p = points.get(arm, [])
             rows.append(

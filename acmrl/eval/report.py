@@ -36,8 +36,6 @@ from acmrl.context.prefix import reusable_prefix
 from acmrl.rewards import compress_loops
 from acmrl.rollout.records import Trajectory
 
-COMPACTIONS = ("manage_context", "evolve", "summary", "memory")
-
 
 def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
     """Wilson score interval of a proportion.
@@ -117,9 +115,7 @@ def episode_row(t: Trajectory, budget: int) -> dict[str, Any]:
         ),
         "failed_edits": sum(not e.applied and e.kind != "query_memory" for e in events),
         "compaction_cost": float(m.get("compaction_cost", 0.0)),
-        "compaction_at": [
-            e.tokens_before / budget for e in events if e.kind in COMPACTIONS and e.applied
-        ],
+        "compaction_at": t.compaction_points(budget),
         "cost_call_tokens": sum(e.call_tokens for e in events),
         "cost_helper_tokens": sum(e.helper_tokens for e in events),
         "cost_cache_tokens": sum(e.cache_cost for e in events),

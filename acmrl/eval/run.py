@@ -18,6 +18,7 @@ from typing import Any
 from acmrl.config import EvalConfig, RolloutConfig
 from acmrl.engines.base import Engine
 from acmrl.eval.report import build_report, paired_bootstrap, rows_from
+from acmrl.rollout.prompts import DEFAULT_BUDGET
 from acmrl.rollout.run import run_rollout
 from acmrl.rollout.worker import read_trajectories
 
@@ -50,7 +51,7 @@ def _budget_of(cfg: EvalConfig) -> Any:
     fallback = cfg.agent.max_context_tokens
 
     def budget(t: Any) -> int:
-        return int(t.metrics.get("budget") or fallback or 8192)
+        return int(t.metrics.get("budget") or fallback or DEFAULT_BUDGET)
 
     return budget
 
@@ -60,10 +61,11 @@ def _oracle(cfg: EvalConfig) -> Engine:
     ``model.name``'s, which renders the contexts and counts the budget)."""
     from acmrl.models import load_tokenizer
     from acmrl.rollout.judge import load_env
+    from acmrl.rollout.prompts import context_budget
     from acmrl.teacher.demonstrate import oracle_engine
 
     env = load_env(cfg.env)
-    budget = cfg.agent.max_context_tokens or env.max_context_tokens or 8192
+    budget = context_budget(cfg.agent, env)
     return oracle_engine(env, load_tokenizer(cfg.model.name), budget)
 
 

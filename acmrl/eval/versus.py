@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from acmrl.eval.report import paired_bootstrap, per_task
-from acmrl.rewards import COMPACTIONS, RewardWeights, trajectory_reward
+from acmrl.rewards import RewardWeights, compaction_points, trajectory_reward
 
 
 def _episodes(folder: Path) -> list[dict[str, Any]]:
@@ -34,12 +34,9 @@ def episode_figures(
     m = traj.get("metrics", {})
     budget = int(m.get("budget") or 0)
     reward, _ = trajectory_reward(traj, budget, weights, output_weight=output_weight)
-    points = [
-        e["tokens_before"] / budget
-        for s in traj.get("steps", [])
-        for e in s.get("events", [])
-        if e.get("kind") in COMPACTIONS and e.get("applied", True) and budget
-    ]
+    points = compaction_points(
+        (e for s in traj.get("steps", []) for e in s.get("events", [])), budget
+    )
     return {
         "task_id": traj["task_id"],
         "success": float(float(traj.get("score", 0.0)) >= 1.0),

@@ -65,6 +65,25 @@ def compaction_cost(events: Iterable[Mapping[str, Any]], budget: int) -> float:
     return sum(float(e["compaction_cost"]) for e in events) / budget
 
 
+def compaction_points(events: Iterable[Mapping[str, Any]], budget: int) -> list[float]:
+    """Where an episode compacted: the context before each applied compaction (not a refused
+    one, not a ``query_memory`` lookup) as a share of the budget; none without a budget. The
+    timing GRPO is meant to shape; every report reads it here.
+
+    >>> compaction_points([{"kind": "manage_context", "tokens_before": 650},
+    ...     {"kind": "query_memory", "tokens_before": 700},
+    ...     {"kind": "evolve", "tokens_before": 900, "applied": False}], budget=1000)
+    [0.65]
+    """
+    if not budget:
+        return []
+    return [
+        float(e["tokens_before"]) / budget
+        for e in events
+        if e.get("kind") in COMPACTIONS and e.get("applied", True)
+    ]
+
+
 def compress_loops(steps: Iterable[Mapping[str, Any]]) -> int:
     """Compactions that follow another compaction with no environment call in between.
 

@@ -70,7 +70,7 @@ class Episode:
         # helper calls that are trained (GRPO's train_helpers) must be sampled from the policy,
         # as its turns are; otherwise they are greedy
         self.sample_helpers = sample_helpers
-        self.budget = agent.max_context_tokens or env.max_context_tokens or 8192
+        self.budget = prompts.context_budget(agent, env)
         self.session = env.session(task)
         self.tools = arm_tools(self.session.tools, arm)
         system = prompts.system_prompt(arm, self.budget, STATE_PROMPT)

@@ -110,6 +110,23 @@ Question: {query}
 Answer with only the relevant facts from the archived steps, briefly. If they hold no answer, say so."""
 
 
+DEFAULT_BUDGET = 8192
+
+
+def context_budget(agent: Any, env: Any) -> int:
+    """The context budget an episode runs under, in tokens: ``agent.max_context_tokens``, else
+    the environment's ``max_context_tokens``, else 8192. The episode, the exported agent spec and
+    the oracle engine all read it here.
+
+    >>> from types import SimpleNamespace as N
+    >>> context_budget(N(max_context_tokens=None), N(max_context_tokens=1300))
+    1300
+    >>> context_budget(N(max_context_tokens=2048), N(max_context_tokens=1300))
+    2048
+    """
+    return agent.max_context_tokens or env.max_context_tokens or DEFAULT_BUDGET
+
+
 def system_prompt(arm: str, budget: int, state_prompt: str) -> str:
     if arm == "acm":
         return f"{BASE_PROMPT}\n\n{ACM_PROMPT.format(budget=budget)}"

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from acmrl.context.prefix import reusable_prefix
+from acmrl.rewards import compaction_points
 
 STATUSES = ("answered", "overflow", "max_turns", "error")
 ROLES = ("policy", "summariser", "querier", "teacher")
@@ -99,6 +100,16 @@ class Trajectory:
 
     def policy_calls(self) -> list[ModelCall]:
         return [s.call for s in self.steps if s.call is not None and s.call.role == "policy"]
+
+    def compaction_points(self, budget: int | None = None) -> list[float]:
+        """:func:`acmrl.rewards.compaction_points` of this episode, over ``budget`` or else
+        ``metrics["budget"]``."""
+        events = (
+            {"kind": e.kind, "tokens_before": e.tokens_before, "applied": e.applied}
+            for s in self.steps
+            for e in s.events
+        )
+        return compaction_points(events, budget or self.metrics.get("budget") or 0)
 
     def compute_metrics(self) -> dict[str, Any]:
         calls = self.policy_calls()

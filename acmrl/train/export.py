@@ -31,7 +31,7 @@ def agent_spec(cfg: ExportConfig) -> dict[str, Any]:
     """The system prompt, tools and budget an agent of ``cfg.arm`` sees on ``cfg.env``."""
     env = load_env(cfg.env)
     task = env.tasks(cfg.env.split)[0]
-    budget = cfg.agent.max_context_tokens or env.max_context_tokens or 8192
+    budget = prompts.context_budget(cfg.agent, env)
     extra = {"acm": prompts.ACM_TOOLS, "evolve": [EVOLVE_TOOL_SCHEMA]}.get(cfg.arm, [])
     return {
         "arm": cfg.arm,

@@ -82,7 +82,7 @@ import torch
 from acmrl.config import GRPOConfig, to_dict
 from acmrl.envs import Environment
 from acmrl.envs.base import Task
-from acmrl.rewards import COMPACTIONS, RewardWeights, trajectory_reward
+from acmrl.rewards import RewardWeights, trajectory_reward
 from acmrl.rollout.agent import Episode
 from acmrl.rollout.judge import load_env
 from acmrl.rollout.records import Trajectory
@@ -208,12 +208,7 @@ def episode_facts(traj: Trajectory, reward: float, terms: dict[str, float]) -> d
             )
         },
         # where the policy compacts (context before / budget)
-        "points": [
-            e.tokens_before / max(1, m.get("budget", 0))
-            for s in traj.steps
-            for e in s.events
-            if e.kind in COMPACTIONS and e.applied
-        ],
+        "points": traj.compaction_points(),
     }
 
 
