@@ -4,6 +4,7 @@ the real standard library of this interpreter."""
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 from collections import Counter
 from pathlib import Path
@@ -19,7 +20,18 @@ FILES = {
         from .round import Circle, area as circle_area
         from .helpers import scale
         from .late import Thing
+        from .multi import (
+            first,
+            second,
+        )
         Thing = dict  # rebinds the re-exported name at runtime
+    """,
+    "shapes/multi.py": """
+        def first():
+            return 1
+
+        def second():
+            return 2
     """,
     "shapes/base.py": """
         class Shape:
@@ -116,11 +128,41 @@ def test_every_oracle_plan_scores_one(tree):
         assert session.score() == 1.0, task.prompt
 
 
+def _shown_lines(observation: str) -> set[tuple[str, int]]:
+    """(path, line) pairs an observation names: grep's ``path:N:`` hits, a read's numbered lines."""
+    shown = set()
+    for line in observation.splitlines():
+        m = re.match(r"^([^:\s]+):(\d+): ", line)
+        if m:
+            shown.add((m.group(1), int(m.group(2))))
+    return shown
+
+
+def test_every_line_an_oracle_plan_reads_was_shown_to_the_agent_first(tree):
+    """The teacher's plans are demonstrations a student imitates: a read_file starts at, or just
+    above, a line an earlier tool output of the same episode showed in that file (a grep hit),
+    never at a number the plan took from the ast alone (a one-line re-export is found by grep
+    alone; one spread over lines is read from its `from` line, which the same grep shows)."""
+    env = load("code_nav", root=tree, eval_frac=0.5)
+    tasks = env.tasks("train") + env.tasks("eval")
+    multi = [t for t in tasks if "`second`" in t.prompt]
+    assert multi and any(n == "read_file" for n, _ in env.oracle_plan(multi[0]))
+    for task in tasks:
+        session, shown = env.session(task), set()
+        for name, args in env.oracle_plan(task):
+            if name == "read_file":
+                near = [n for p, n in shown if p == args["path"] and 0 <= n - args["start"] <= 2]
+                assert near, (task.prompt, args, sorted(shown))
+            shown |= _shown_lines(session.call(name, args))
+        assert session.score() == 1.0, task.prompt
+
+
 def test_import_check_drops_an_answer_the_interpreter_contradicts(tree, monkeypatch):
     monkeypatch.syspath_prepend(str(tree))
     env = load("code_nav", root=tree, check_imports=True, eval_frac=0.5)
     assert env.report["reexport"]["mismatch"] == 1  # Thing is rebound to dict at runtime
-    assert env.report["reexport"]["confirmed"] == 4  # Shape, Circle, circle_area, scale
+    # Shape, Circle, circle_area, scale, first, second
+    assert env.report["reexport"]["confirmed"] == 6
     assert env.report["mro_method"] == {  # Square, Triangle, Hexagon: area; Polygon: describe
         "candidates": 4,
         "confirmed": 4,

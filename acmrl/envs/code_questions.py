@@ -165,14 +165,7 @@ def _reexport(modules: dict[str, Module], imp: _Importer) -> list[tuple[Question
                     final.name,
                     [mod.rel, final.rel],
                     [
-                        (
-                            "read_file",
-                            {
-                                "path": mod.rel,
-                                "start": node.lineno,
-                                "end": node.end_lineno or node.lineno,
-                            },
-                        ),
+                        *_import_lookup(mod.rel, node, alias),
                         (
                             "grep",
                             {
@@ -188,6 +181,22 @@ def _reexport(modules: dict[str, Module], imp: _Importer) -> list[tuple[Question
                 )
                 out.append((q, _check_module(imp, mod.name, exposed, final.name)))
     return out
+
+
+def _import_lookup(
+    path: str, node: ast.ImportFrom, alias: ast.alias
+) -> list[tuple[str, dict[str, Any]]]:
+    """The plan's steps that find where ``path`` imports ``alias`` from, using only what the agent
+    sees: a grep for the name shows a one-line import whole; for a parenthesised import spread
+    over lines, the same grep also shows the lines that open one, and the read covers the
+    statement from its ``from`` line down to the name (both numbers are in the grep's output)."""
+    line = getattr(alias, "lineno", node.lineno)
+    if line == node.lineno:
+        return [("grep", {"pattern": rf"\b{alias.name}\b", "path": path})]
+    return [
+        ("grep", {"pattern": rf"^from .* import \($|\b{alias.name}\b", "path": path}),
+        ("read_file", {"path": path, "start": node.lineno, "end": line}),
+    ]
 
 
 def _check_module(imp: _Importer, package: str, exposed: str, expected: str) -> bool | None:
