@@ -58,7 +58,7 @@ FILES = {
     "shapes/round.py": """
         from .impl.circle import Circle
 
-        def area(r, pi=3.14):
+        def area (r, pi=3.14):  # a space before the parenthesis, as distutils writes
             return pi * r * r
     """,
     "shapes/impl/__init__.py": "",

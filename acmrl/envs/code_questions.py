@@ -267,7 +267,7 @@ def _mro_method(modules: dict[str, Module], imp: _Importer) -> list[tuple[Questi
                 [mod.rel],
                 [
                     ("grep", {"pattern": rf"^class ({pattern})\b", "path": mod.rel}),
-                    ("grep", {"pattern": rf"^\s+def {method.name}\(", "path": mod.rel}),
+                    ("grep", {"pattern": rf"^\s+def {method.name}\s*\(", "path": mod.rel}),
                     (
                         "read_file",
                         {"path": mod.rel, "start": method.lineno - 1, "end": method.lineno + 2},
@@ -329,7 +329,7 @@ def _param_default(
                 literal,
                 [mod.rel],
                 [
-                    ("grep", {"pattern": rf"^def {name}\(", "path": "."}),
+                    ("grep", {"pattern": rf"^def {name}\s*\(", "path": "."}),
                     ("read_file", {"path": mod.rel, "start": fn.lineno, "end": fn.body[0].lineno}),
                 ],
                 literal=literal,
