@@ -483,3 +483,64 @@ def test_teacher_evolve_edits_keep_what_the_plan_still_needs():
         bad, seen=seen, reference=task.answer, tools=tools, state=state, needed=needed
     )
     assert errors == [f"the evolve code drops what the task still needs: {task.answer}"]
+
+
+def test_a_switched_injection_lands_where_the_acm_replay_still_fits(env, tiny):
+    """A react run switched to acm replays the student's turns under acm's longer system prompt
+    and tools (~283 tokens here). The teacher that counts them (it has the student's tokenizer)
+    injects where that replay still fits; counting react's inputs instead puts the edit one step
+    later, where the replayed context is already over the budget and the resumed run overflows
+    before the teacher's turn (the default demo's round: 0 of 32 resumes succeeded)."""
+    task = env.tasks("eval")[0]
+    plan = env.oracle_plan(task)
+    budget = 1300
+    ep = run(env, task, "react", calls(plan), tiny, max_context_tokens=budget)
+    blind = OracleTeacher(env, pressure=0.75, switch_arms=True).assess(task, ep.traj, budget)
+    a = OracleTeacher(env, pressure=0.75, switch_arms=True, tokenizer=tiny.tokenizer).assess(
+        task, ep.traj, budget
+    )
+    assert a.kind == blind.kind == "injection" and a.arm == "acm"
+    assert a.step < blind.step
+
+    def resumed(edit):
+        follow = calls(plan[edit.step :])
+        script = ScriptedEngine(tiny.tokenizer, replay({f"{ep.traj.episode_id}#edit0": follow}))
+        (traj,) = resume(
+            env,
+            task,
+            ep.traj,
+            edit,
+            script,
+            tiny.tokenizer,
+            agent=AgentConfig(max_context_tokens=budget, summary_max_tokens=16),
+            sampling=SamplingConfig(max_new_tokens=64),
+            helper_engine=tiny,
+        )
+        return traj
+
+    late = resumed(blind)
+    assert late.status == "overflow" and "teacher" not in [s.origin for s in late.steps]
+    traj = resumed(a)
+    assert traj.steps[a.step].origin == "teacher"
+    assert traj.steps[a.step].events[0].kind == "manage_context"
+    assert traj.status == "answered" and traj.score == 1.0
+    # the rationale counts the acm context the student is in at the edit, not react's
+    said = int(a.rationale.split("My context is at ")[1].split(" of")[0])
+    assert abs(said - len(traj.steps[a.step].call.prompt_ids)) <= 4
+
+
+def test_a_second_compaction_is_not_a_repeated_call(env, tiny):
+    """manage_context takes no arguments, so two compactions are the same call twice; the second
+    is a new compaction of a new history, not a lookup repeated. The teacher corrects the early
+    answer after it, not the compaction (which it used to replace with a read into a full
+    context)."""
+    task = env.tasks("eval")[0]
+    plan = env.oracle_plan(task)
+    compact = format_tool_call("manage_context", {})
+    texts = [*calls(plan[:2]), compact, *calls(plan[2:3]), compact, calls([plan[-1]])[0]]
+    ep = run(env, task, "acm", texts, tiny, max_context_tokens=4096, summary_max_tokens=16)
+    names = [a["name"] for s in ep.traj.steps for a in s.actions]
+    assert names.count("manage_context") == 2 and names[-1] == "answer"
+    a = OracleTeacher(env, pressure=0.75).assess(task, ep.traj, 4096)
+    assert a.kind == "correction" and a.step == 5, (a.step, a.rationale)
+    assert "already made this call" not in a.rationale

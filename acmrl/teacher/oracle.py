@@ -8,11 +8,15 @@ writes rationales only from that seen material, so they pass the validators of
 - **Injection** (arms with context tools): at the first policy step whose input reaches
   ``pressure`` x budget with nothing compacted since, the student should have compacted:
   ``manage_context`` (acm) or an ``evolve`` that cuts the documents already read down to their
-  fact sentences (evolve).
+  fact sentences (evolve). A react run that switches to acm is measured in acm's context (its
+  longer system prompt and tools, counted with the student's tokenizer), so the edit lands
+  where the replayed turns still fit; a run that overflowed gets the edit at its last step
+  that fits.
 - **Correction**: the first unproductive step: an answer before the evidence was read, an
-  answer that does not follow from the evidence in view, a call that repeats an earlier one, a
-  call that failed, or a turn without a call; it is replaced by the next call the plan still
-  needs given what has been seen, opening only documents whose id the context still shows.
+  answer that does not follow from the evidence in view, a call that repeats an earlier one (a
+  second compaction is not a repeat), a call that failed, or a turn without a call; it is
+  replaced by the next call the plan still needs given what has been seen, opening only
+  documents whose id the context still shows.
 - **no_action** otherwise.
 """
 
@@ -29,6 +33,13 @@ from acmrl.teacher.evolve_edits import keep_facts_code
 
 # evolve: keep, in every tool output so far, only the sentences that state a relation or a year
 # (and result lines, which start with an id); everything else of a document already read is filler
+
+
+COMPACTING = ("manage_context", "evolve")
+
+
+def _compacted(step: Any) -> bool:
+    return any(a["name"] in COMPACTING for a in step.actions)
 
 
 def _policy_steps(traj: Trajectory) -> list[Any]:
@@ -162,39 +173,90 @@ class OracleTeacher:
         switch = traj.arm == "react" and self.switch_arms
         if traj.arm not in ("acm", "evolve") and not switch:
             return None
-        compacted_at = -1
+        # a switched run replays the student's turns in the acm arm, whose system prompt and
+        # tools are longer: its inputs are that much larger, and the edit must land where that
+        # replay still fits, or the resumed run overflows before the edit is made
+        extra = self._arm_overhead(task, "react", "acm", budget) if switch else 0
+        compacted_at, latest, at = -1, None, None
         for i, s in enumerate(steps):
-            if any(a["name"] in ("manage_context", "evolve") for a in s.actions):
+            n = len(s.call.prompt_ids) + extra
+            if n > budget:
+                break  # this input would not fit in the arm the run resumes in
+            if _compacted(s):
                 compacted_at = i
-            n = len(s.call.prompt_ids)
-            if n >= self.pressure * budget and compacted_at < i - 1 and i >= 2:
-                seen = seen_text(traj, i)
-                facts = _facts_seen(task, seen)
-                said = " ".join(f.rstrip(".") + "." for f in facts)
-                keep = f", and I must keep what I still need: {said}" if facts else "."
-                why = f"My context is at {n} of {budget} tokens and I have more to read{keep}"
-                if traj.arm in ("acm", "react"):
-                    action = {"name": "manage_context", "arguments": {}}
-                    rationale = f"{why} I will compact my earlier steps before I continue."
-                else:
-                    before = [
-                        (a["name"], json.dumps(a["arguments"], sort_keys=True))
-                        for t in steps[:i]
-                        for a in t.actions
-                    ]
-                    code = keep_facts_code(
-                        task,
-                        self.env.oracle_plan(task),
-                        seen,
-                        repeats=len(set(before)) < len(before),
-                        old_code=any(name == "evolve" for name, _ in before),
-                    )
-                    action = {"name": "evolve", "arguments": {"code": code}}
-                    rationale = f"{why} I will cut the documents I have read down to their facts."
-                a = Assessment("injection", i, action, rationale, self.name)
-                a.arm = "acm" if switch else None
-                return a
-        return None
+                continue
+            if compacted_at >= i - 1 or i < 1:
+                continue
+            latest = (i, n)
+            if n >= self.pressure * budget and i >= 2:
+                at = latest
+                break
+        else:
+            if traj.status != "overflow":
+                latest = None  # it never needed more room than it had
+        fits = at or latest
+        if fits is None:
+            return None
+        i, n = fits
+        action, how = self._compaction(task, traj, steps, i)
+        why = f"My context is at {n} of {budget} tokens and I have more to read{self._keep(task, traj, i)}"
+        a = Assessment("injection", i, action, f"{why} {how}", self.name)
+        a.arm = "acm" if switch else None
+        return a
+
+    def _keep(self, task: Task, traj: Trajectory, i: int) -> str:
+        facts = _facts_seen(task, seen_text(traj, i))
+        said = " ".join(f.rstrip(".") + "." for f in facts)
+        return f", and I must keep what I still need: {said}" if facts else "."
+
+    def _compaction(
+        self, task: Task, traj: Trajectory, steps: list[Any], i: int
+    ) -> tuple[dict[str, Any], str]:
+        """The compaction the student should make at step ``i`` and the sentence that says so:
+        ``manage_context`` (acm, or react switching to acm), or an ``evolve`` that cuts what was
+        read down to the facts the plan still needs."""
+        if traj.arm in ("acm", "react"):
+            return (
+                {"name": "manage_context", "arguments": {}},
+                "I will compact my earlier steps before I continue.",
+            )
+        before = [
+            (a["name"], json.dumps(a["arguments"], sort_keys=True))
+            for t in steps[:i]
+            for a in t.actions
+        ]
+        code = keep_facts_code(
+            task,
+            self.env.oracle_plan(task),
+            seen_text(traj, i),
+            repeats=len(set(before)) < len(before),
+            old_code=any(name == "evolve" for name, _ in before),
+        )
+        return (
+            {"name": "evolve", "arguments": {"code": code}},
+            "I will cut the documents I have read down to their facts.",
+        )
+
+    def _arm_overhead(self, task: Task, arm: str, other: str, budget: int) -> int:
+        """How many tokens more ``other``'s first input holds than ``arm``'s on ``task`` (its
+        system prompt and tools), as the student's tokenizer counts them; 0 without one."""
+        if self.tokenizer is None:
+            return 0
+        from acmrl.context.evolve import STATE_PROMPT
+        from acmrl.context.render import Renderer
+        from acmrl.context.state import user
+        from acmrl.rollout.agent import arm_tools
+        from acmrl.rollout.prompts import system_prompt
+
+        tools = self.env.session(task).tools
+
+        def first(a: str) -> int:
+            system = system_prompt(a, budget, STATE_PROMPT)
+            return len(
+                Renderer(self.tokenizer, system, arm_tools(tools, a)).ids([user(task.prompt)])
+            )
+
+        return max(0, first(other) - first(arm))
 
     def _correction(self, task: Task, traj: Trajectory, steps: list[Any]) -> Assessment | None:
         gold = task.metadata.get("gold_docs", [])
@@ -212,7 +274,8 @@ class OracleTeacher:
             elif answering and self._wrong_answer(task, s, self._visible(s, seen)):
                 # the evidence is in view and the answer does not follow from it
                 why = "My answer does not match what I have read."
-            elif any(c in done for c in calls):
+            elif any(c in done for c in calls if c[0] not in COMPACTING):
+                # a second manage_context or evolve is a new compaction, not a repeated lookup
                 why = "I already made this call and saw its result; repeating it gains nothing."
             elif s.errors or any(o.startswith("Error") for o in s.observations):
                 why = "My last call did not work as written."
