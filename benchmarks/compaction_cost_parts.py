@@ -28,6 +28,8 @@ import argparse
 import json
 from pathlib import Path
 
+from acmrl.rewards import compaction_points
+
 
 def parts(folder: Path, output_weight: float) -> list[dict[str, float | str]]:
     episodes = [
@@ -50,8 +52,13 @@ def parts(folder: Path, output_weight: float) -> list[dict[str, float | str]]:
         read = sum(len(c["prompt_ids"]) - c["cached_prefix_tokens"] for c in helpers)
         cache = sum(x["cache_cost"] for x in events)
         cost = sum(x["compaction_cost"] for x in events)
-        points = [x["tokens_before"] / e["metrics"]["budget"] for e in wins for s in e["steps"]
-                  for x in s["events"] if x in compactions]  # fmt: skip
+        points = [
+            p
+            for e in wins
+            for p in compaction_points(
+                (x for s in e["steps"] for x in s["events"]), e["metrics"]["budget"]
+            )
+        ]
         out.append(
             {
                 "folder": str(folder),

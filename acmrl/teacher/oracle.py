@@ -177,7 +177,7 @@ class OracleTeacher:
         # tools are longer: its inputs are that much larger, and the edit must land where that
         # replay still fits, or the resumed run overflows before the edit is made
         extra = self._arm_overhead(task, "react", "acm", budget) if switch else 0
-        compacted_at, latest, at = -1, None, None
+        compacted_at, fits = -1, None
         for i, s in enumerate(steps):
             n = len(s.call.prompt_ids) + extra
             if n > budget:
@@ -187,14 +187,12 @@ class OracleTeacher:
                 continue
             if compacted_at >= i - 1 or i < 1:
                 continue
-            latest = (i, n)
+            fits = (i, n)
             if n >= self.pressure * budget and i >= 2:
-                at = latest
                 break
         else:
             if traj.status != "overflow":
-                latest = None  # it never needed more room than it had
-        fits = at or latest
+                return None  # it never needed more room than it had
         if fits is None:
             return None
         i, n = fits
