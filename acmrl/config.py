@@ -545,6 +545,15 @@ class TeacherConfig:
         "demonstrations: [lo, hi] to draw each task's compaction point from (seeded by the "
         "task); empty: pressure for all",
     )
+    late_share: float = option(
+        0.0,
+        "demonstrations: the share of tasks (drawn per task, seeded) whose teacher compacts only "
+        "when the next result would not fit, never by pressure alone: it answers without "
+        "compacting once nothing more is to be read, where the others compact first (two "
+        "timings for GRPO to choose between)",
+        min=0.0,
+        max=1.0,
+    )
     switch_arms: bool = option(
         True,
         "oracle: inject manage_context into a react run that nears the budget, as the ACM "

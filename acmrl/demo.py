@@ -84,7 +84,13 @@ SIZES = {
     # a pipeline check in about a minute (the tests run it on a tiny random model)
     "smoke": Size("tiny", 1300, 1, 2, 1, 2, 3, 24, 2, 1, 1, 1, 2, 1),
     "small": Size("tiny", 1300, 4, 64, 2, 8, 12, 96, 20, 8, 10, 2, 4, 1),
-    "default": Size("tiny", 1300, 10, 160, 2, 16, 12, 96, 50, 16, 10, 2, 4, 1),
+    # GRPO: 3 steps of 2 tasks x 4 samples at lr 1e-4 with std-scaled advantages, so that the
+    # groups whose samples all succeed carry the cost difference of the two timings
+    "default": dataclasses.replace(
+        Size("tiny", 1300, 10, 160, 2, 16, 12, 96, 50, 16, 10, 3, 4, 2),
+        grpo_lr=1e-4,
+        grpo_scale_advantages=True,
+    ),
     # the longer CPU recipe: more worlds and steps, >= 50 held-out tasks, unseen worlds
     # sized to <= 2 h on a 2-core CPU from the default run's measured rates (12.3 s per SFT
     # step, ~9 s per held-out acm episode, ~40 s per GRPO episode): about 1 h 50 min
@@ -116,6 +122,8 @@ STAGES = [
     "grpo-vs-start",
     "curves",
 ]
+# the share of demonstrations that compact as late as the budget allows (teacher.late_share)
+LATE_SHARE = 0.35
 # held-out tasks come from worlds never trained on: the demo's seed, then seed + EVAL_WORLD ...
 EVAL_WORLD = 100
 # worlds the long recipe's export is finally evaluated on, one at a time: never seen anywhere
@@ -225,6 +233,10 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
     )
     annotate.teacher.pressure = 0.75
     annotate.teacher.pressure_spread = [0.5, 0.9]  # each task compacts at its own point
+    # a third of the tasks compact only when the next result would not fit: they answer at once
+    # after the last read, where the others compact first (a compaction of ~650 tokens that
+    # buys nothing): two timings in the SFT policy, for GRPO to choose the cheaper
+    annotate.teacher.late_share = LATE_SHARE
     sft = SFTConfig(
         model=model,
         dataset=str(out / "annotate"),
@@ -272,7 +284,9 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
         save_every=max(1, z.grpo_steps),
     )
     grpo.sampling.max_new_tokens = z.max_new_tokens
-    grpo.sampling.temperature = 0.8
+    # at 0.8 the SFT policy's four samples of a task were often identical (no signal); at 1.2
+    # the default's weaker policy failed almost every sample (docs/train.md)
+    grpo.sampling.temperature = 1.0
     grpo.optim.lr, grpo.optim.max_steps, grpo.optim.schedule = z.grpo_lr, z.grpo_steps, "constant"
     grpo.scale_advantages = z.grpo_scale_advantages
     # GRPO's update holds the activations of a whole micro-batch: at 8192 tokens it peaked at

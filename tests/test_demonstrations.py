@@ -7,6 +7,7 @@ shown) teaches it to invent. These tests hold the teacher to what the agent coul
 
 from __future__ import annotations
 
+import copy
 import statistics
 
 import pytest
@@ -185,3 +186,48 @@ def test_structured_memory_format_from_the_summariser_prompt(world, tokenizer):
         assert summary.startswith("Knowledge state:\n- ") and "\nThoughts:\n- " in summary
     with pytest.raises(ConfigError, match=r"agent\.summariser_prompt: .* missing \{steps\}"):
         load_config(RolloutConfig, None, ["agent.summariser_prompt=Summarise {task}"])
+
+
+def test_late_demonstrations_answer_without_a_last_compaction(world, tokenizer):
+    """teacher.late_share: a late task compacts only when the next result would not fit, so
+    once the event's document is read it answers at once, where a task compacting at its
+    pressure compacts first. Both succeed; the late one costs a compaction less, and the oracle
+    teacher injects no compaction before a final answer (nothing more is to be read)."""
+    from acmrl.teacher.oracle import OracleTeacher
+
+    tasks = world.tasks("train")[:6]
+
+    def run(share):
+        return demonstrate(
+            world,
+            tasks,
+            ["acm"],
+            tokenizer,
+            agent=AgentConfig(max_turns=12, max_context_tokens=1300, context_signal=True),
+            sampling=SamplingConfig(max_new_tokens=96),
+            pressure=0.75,
+            pressure_spread=[0.5, 0.9],
+            late_share=share,
+        )
+
+    early, late = run(0.0), run(1.0)
+    assert all(d.score == 1.0 for d in early + late)
+    for e, x in zip(early, late, strict=True):
+        names_e = [a["name"] for s in e.steps for a in s.actions]
+        names_x = [a["name"] for s in x.steps for a in s.actions]
+        assert names_e[-2:] == ["manage_context", "answer"]  # compacts before it answers
+        assert names_x[-2] != "manage_context" and names_x[-1] == "answer"
+        assert x.metrics["compactions"] == e.metrics["compactions"] - 1
+        cost_x, cost_e = (
+            sum(ev.compaction_cost for s in d.steps for ev in s.events) for d in (x, e)
+        )
+        assert cost_x < 0.8 * cost_e
+        # a student that answers as late at high pressure is left alone by the teacher
+        assert len(x.steps[-1].call.prompt_ids) >= 0.75 * 1300
+        student = copy.deepcopy(x)
+        for s in student.steps:
+            if s.call is not None:
+                s.call.role, s.origin = "policy", "policy"
+        teacher = OracleTeacher(world, pressure=0.75, tokenizer=tokenizer)
+        task = next(t for t in tasks if t.id == x.task_id)
+        assert teacher.assess(task, student, 1300).kind == "no_action"

@@ -182,6 +182,7 @@ def annotate_tasks(
             pressure=cfg.teacher.pressure,
             pressure_spread=cfg.teacher.pressure_spread or None,
             reasoned_answers=cfg.teacher.reasoned_answers,
+            late_share=cfg.teacher.late_share,
         )
         by_task: dict[str, list[dict[str, Any]]] = {}
         for d in demos:

@@ -12,6 +12,9 @@ has seen so far, as the oracle's corrections are:
   compacted since the last environment call, the teacher compacts (``manage_context``, or an
   ``evolve`` that keeps the documents' fact sentences). ``pressure`` may be drawn per task
   from a range (``teacher.pressure_spread``), so the demonstrations compact at different points;
+  a share of the tasks (``teacher.late_share``) compacts only when the next result would not
+  fit, the latest timing: such a demonstration answers without compacting once nothing more is
+  to be read, where the others compact first. GRPO then has two timings to choose between;
 - otherwise the next call of the expert's plan that is still needed, using only what the context
   shows now: a document is opened by an id the agent can see (in search results or its notes),
   never one it would have to remember; at the end, ``answer``, once the answer is in view.
@@ -75,6 +78,21 @@ def pressure_for(task_id: str, pressure: float, spread: list[float] | None) -> f
     return lo + (hi - lo) * random.Random(zlib.crc32(task_id.encode())).random()
 
 
+def is_late(task_id: str, share: float) -> bool:
+    """Whether a task's demonstration compacts only when the next result would not fit (never
+    by pressure alone): drawn with probability ``share``, seeded by the task, independently of
+    :func:`pressure_for`'s draw.
+
+    >>> is_late("t1", 0.0), is_late("t1", 1.0)
+    (False, True)
+    >>> sum(is_late(f"t{i}", 0.3) for i in range(1000))  # about the share
+    328
+    """
+    if share <= 0:
+        return False
+    return random.Random(zlib.crc32(f"{task_id}#late".encode())).random() < share
+
+
 class Demonstrator:
     """The oracle's reply function for one demonstration episode (policy and summariser)."""
 
@@ -87,10 +105,12 @@ class Demonstrator:
         tokenizer: Any,
         pressure: float,
         reasoned_answers: bool = False,
+        late: bool = False,
     ) -> None:
         self.env, self.task, self.arm, self.budget = env, task, arm, budget
         self.reasoned_answers = reasoned_answers
         self.tok, self.pressure = tokenizer, pressure
+        self.late = late  # compact only when the next result would not fit
         self.seen = task.prompt  # everything read so far (kept across compactions)
         self.done: list[tuple[str, str]] = []
         self.opened: set[str] = set()  # documents read, whether still in context or not
@@ -110,8 +130,9 @@ class Demonstrator:
         n = int(signals[-1]) if signals else len(self.tok.encode(prompt, add_special_tokens=False))
         name, args = _next_needed(self.env, self.task, self.seen, self.done, visible=prompt)
         # compact once the pressure is reached right after reading a document (its facts are
-        # what a summary keeps), or whenever the next document would not fit
-        just_read = bool(self.done) and self.done[-1][0] == "open"
+        # what a summary keeps), or whenever the next document would not fit (a late task: only
+        # then, so it answers without compacting once nothing more is to be read)
+        just_read = bool(self.done) and self.done[-1][0] == "open" and not self.late
         if (
             self.arm in ("acm", "evolve")
             and not self.compacted
@@ -303,6 +324,7 @@ def demonstrate(
     pressure: float = 0.6,
     pressure_spread: list[float] | None = None,
     reasoned_answers: bool = False,
+    late_share: float = 0.0,
     concurrency: int = 16,
 ) -> list[Trajectory]:
     """One demonstration per task and arm, run through the real agent loop; all policy turns are
@@ -315,7 +337,7 @@ def demonstrate(
     if not episodes:
         return []
     engine = oracle_engine(
-        env, tokenizer, episodes[0].budget, pressure, pressure_spread, reasoned_answers
+        env, tokenizer, episodes[0].budget, pressure, pressure_spread, reasoned_answers, late_share
     )
     run_episodes(episodes, engine, concurrency=concurrency)
     out = []
@@ -343,10 +365,12 @@ def oracle_engine(
     pressure: float = 0.75,
     pressure_spread: list[float] | None = None,
     reasoned_answers: bool = False,
+    late_share: float = 0.0,
 ) -> Any:
     """The oracle's expert plan as an engine: any episode whose id is ``<task>#<arm>#<n>`` is
     played by a :class:`Demonstrator` of that task and arm (policy, summariser and querier
-    calls alike; compacting at :func:`pressure_for` of the task), so every arm runs the same
+    calls alike; compacting at :func:`pressure_for` of the task, or only when forced where
+    :func:`is_late`), so every arm runs the same
     policy. :func:`demonstrate` runs on it, and ``acmrl eval engine.kind=oracle``: Table 2 with
     the policy held fixed, what each arm's context handling alone gives."""
     tasks = {t.id: t for split in env.splits for t in env.tasks(split)}
@@ -357,8 +381,9 @@ def oracle_engine(
         task_id, arm, _ = eid.rsplit("#", 2)
         if eid not in demos:
             at = pressure_for(task_id, pressure, pressure_spread)
+            late = is_late(task_id, late_share)
             demos[eid] = Demonstrator(
-                env, tasks[task_id], arm, budget, tokenizer, at, reasoned_answers
+                env, tasks[task_id], arm, budget, tokenizer, at, reasoned_answers, late
             )
         return demos[eid](session_id, prompt)
 

@@ -11,7 +11,8 @@ writes rationales only from that seen material, so they pass the validators of
   fact sentences (evolve). A react run that switches to acm is measured in acm's context (its
   longer system prompt and tools, counted with the student's tokenizer), so the edit lands
   where the replayed turns still fit; a run that overflowed gets the edit at its last step
-  that fits.
+  that fits. A step that gives the final answer gets none: nothing more is to be read, so a
+  compaction there would only cost (compacting late is the cheaper timing GRPO can learn).
 - **Correction**: the first unproductive step: an answer before the evidence was read, an
   answer that does not follow from the evidence in view, a call that repeats an earlier one (a
   second compaction is not a repeat), a call that failed, or a turn without a call; it is
@@ -26,7 +27,7 @@ import json
 import re
 from typing import Any
 
-from acmrl.envs.base import Environment, Task
+from acmrl.envs.base import ANSWER_TOOL, Environment, Task
 from acmrl.rollout.records import Trajectory
 from acmrl.teacher.assessment import Assessment, seen_text
 from acmrl.teacher.evolve_edits import keep_facts_code
@@ -187,6 +188,8 @@ class OracleTeacher:
                 continue
             if compacted_at >= i - 1 or i < 1:
                 continue
+            if any(a["name"] == ANSWER_TOOL for a in s.actions):
+                return None  # the final answer: nothing more to read, no room to make
             fits = (i, n)
             if n >= self.pressure * budget and i >= 2:
                 break
