@@ -10,7 +10,8 @@ is prefilled from scratch (the baseline of ``benchmarks/rollout_throughput.py``)
 A batch is prefilled session by session (only the uncached suffix), then decoded together: the
 caches are left-padded to a common length with an attention mask and explicit positions, one
 token per row per step, and split back per session afterwards. In float32 the greedy output is the
-same with and without reuse (a test checks it).
+same with and without reuse (a test checks it). A row that finishes leaves the batch
+(``drop_finished``), so the others decode without it.
 """
 
 from __future__ import annotations
@@ -66,8 +67,10 @@ class HFEngine(Engine):
         max_batch: int = 8,
         max_sessions: int = 64,
         seed: int = 0,
+        drop_finished: bool = True,
     ) -> None:
         self.model = model.eval()
+        self.drop_finished = drop_finished  # False: the baseline of benchmarks/decode_batch.py
         self.tokenizer = tokenizer
         self.reuse_cache = reuse_cache
         self.max_batch = max_batch
@@ -203,7 +206,11 @@ class HFEngine(Engine):
         return out
 
     def _decode(self, rows: list[_Row]) -> list[KV]:
-        """Decode all unfinished rows together; each row's cache (prompt + completion[:-1]) after."""
+        """Decode all unfinished rows together; each row's cache (prompt + completion[:-1]) after.
+
+        A row that finishes leaves the batch at the next step (its cache is cut out first), so
+        the rows still generating do not carry finished ones along: a turn that closes its call
+        in 25 tokens no longer rides in every step of a 96-token one."""
         width = max(r.length for r in rows)
         n_layers = len(rows[0].kv)
         data = []
@@ -215,13 +222,33 @@ class HFEngine(Engine):
         for i, r in enumerate(rows):
             mask[i, width - r.length :] = 1
         cache = DynamicCache(ddp_cache_data=data, config=self.model.config)
+        live = list(range(len(rows)))  # the rows in the batch, in the cache's order
+        result: list[KV] = [[] for _ in rows]
         fed = 0
-        while any(r.finish is None for r in rows):
-            last = [r.tokens[-1] if r.finish is None else self.pad_id for r in rows]
+        while True:
+            done = [j for j, i in enumerate(live) if rows[i].finish is not None]
+            if done and (self.drop_finished or len(done) == len(live)):
+                for j in done:
+                    r = rows[live[j]]
+                    start, end = width - r.length, width + len(r.tokens) - 1
+                    result[live[j]] = [
+                        (k[j : j + 1, :, start:end].clone(), v[j : j + 1, :, start:end].clone())
+                        for k, v in _kv_of(cache)
+                    ]
+                keep = [j for j in range(len(live)) if j not in set(done)]
+                if not keep:
+                    return result
+                index = torch.tensor(keep, device=self.device)
+                for layer in cache.layers:
+                    layer.keys = layer.keys.index_select(0, index)
+                    layer.values = layer.values.index_select(0, index)
+                mask = mask.index_select(0, index)
+                live = [live[j] for j in keep]
+            last = [rows[i].tokens[-1] if rows[i].finish is None else self.pad_id for i in live]
             ids = torch.tensor([[t] for t in last], device=self.device)
-            pos = torch.tensor([[r.length + fed] for r in rows], device=self.device)
+            pos = torch.tensor([[rows[i].length + fed] for i in live], device=self.device)
             mask = torch.cat(
-                [mask, torch.ones(len(rows), 1, dtype=torch.long, device=self.device)], 1
+                [mask, torch.ones(len(live), 1, dtype=torch.long, device=self.device)], 1
             )
             out = self.model(
                 input_ids=ids,
@@ -233,20 +260,6 @@ class HFEngine(Engine):
             cache = cache_of(out)
             fed += 1
             logits = out.logits[:, -1].float().cpu()
-            for i, r in enumerate(rows):
-                if r.finish is None:
-                    self._sample(r, logits[i])
-        kv = _kv_of(cache)
-        result = []
-        for i, r in enumerate(rows):
-            end = width + len(r.tokens) - 1
-            result.append(
-                [
-                    (
-                        k[i : i + 1, :, width - r.length : end].clone(),
-                        v[i : i + 1, :, width - r.length : end].clone(),
-                    )
-                    for k, v in kv
-                ]
-            )
-        return result
+            for j, i in enumerate(live):
+                if rows[i].finish is None:
+                    self._sample(rows[i], logits[j])
