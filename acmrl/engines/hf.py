@@ -228,14 +228,16 @@ class HFEngine(Engine):
         while True:
             done = [j for j, i in enumerate(live) if rows[i].finish is not None]
             if done and (self.drop_finished or len(done) == len(live)):
+                kv = _kv_of(cache)
                 for j in done:
                     r = rows[live[j]]
                     start, end = width - r.length, width + len(r.tokens) - 1
                     result[live[j]] = [
                         (k[j : j + 1, :, start:end].clone(), v[j : j + 1, :, start:end].clone())
-                        for k, v in _kv_of(cache)
+                        for k, v in kv
                     ]
-                keep = [j for j in range(len(live)) if j not in set(done)]
+                gone = set(done)
+                keep = [j for j in range(len(live)) if j not in gone]
                 if not keep:
                     return result
                 index = torch.tensor(keep, device=self.device)
