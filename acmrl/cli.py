@@ -314,12 +314,18 @@ def eval_(
     overrides: Overrides = None,
     output: Annotated[
         Path | None,
-        typer.Option("--output", "-o", help="compare / report: write the table here too"),
+        typer.Option("--output", "-o", help="compare / report / versus: write the table here too"),
     ] = None,
 ) -> None:
     """Evaluate a model per arm and write a report; `acmrl eval compare A B` compares two runs,
-    `acmrl eval report A B C ...` puts several benchmarks in one Table 2."""
+    `acmrl eval report A B C ...` puts several benchmarks in one Table 2,
+    `acmrl eval versus START TRAINED [-c grpo.yaml]` a GRPO policy against its start."""
     args = list(overrides or [])
+    if args and args[0] == "versus":
+        if len(args) != 3:
+            fail("usage: acmrl eval versus START TRAINED [--config GRPO_YAML] [--output FILE]")
+        _versus(args[1], args[2], config, output)
+        return
     if args and args[0] == "report":
         from acmrl.eval.multi import multi_report
 
@@ -353,6 +359,23 @@ def eval_(
     for note in report["notes"]:
         typer.echo(f"- {note}")
     typer.echo(f"report: {cfg.output}/report.md (csv, json, plots alongside)")
+
+
+def _versus(start: str, trained: str, config: Path | None, output: Path | None) -> None:
+    """GRPO's policy (an eval folder) against the policy it started from, under the reward
+    weights of the GRPO run's config (``--config``; the defaults without it)."""
+    from acmrl.config import GRPOConfig
+    from acmrl.eval.versus import versus_start
+    from acmrl.train.grpo import reward_weights
+
+    cfg = _load(GRPOConfig, config, [])
+    try:
+        text = versus_start(
+            start, trained, reward_weights(cfg), output, output_weight=cfg.agent.output_weight
+        )
+    except ValueError as exc:
+        fail(str(exc))
+    typer.echo(text)
 
 
 @app.command()

@@ -261,3 +261,24 @@ def test_versus_start_reports_reward_cost_per_success_and_compaction_point(tmp_p
     # the reverse direction: dearer successes, lower reward
     back = versus_start(tmp_path / "trained", tmp_path / "start", w)
     assert "+67%" in back and "mean reward not up" in back and "the bar is not met" in back
+
+
+def test_eval_versus_command_reads_the_grpo_runs_reward_weights(tmp_path):
+    from typer.testing import CliRunner
+
+    from acmrl.cli import app
+
+    _versus_folder(tmp_path / "start", [("t1", True, 1000, [0.9]), ("t2", False, 800, [0.8])])
+    _versus_folder(tmp_path / "trained", [("t1", True, 600, [0.6]), ("t2", True, 600, [0.6])])
+    (tmp_path / "grpo.yaml").write_text("reward:\n  compaction_cost: 0.5\n")
+    args = ["eval", "versus", str(tmp_path / "start"), str(tmp_path / "trained")]
+    result = CliRunner().invoke(
+        app, [*args, "-c", str(tmp_path / "grpo.yaml"), "-o", str(tmp_path / "v.md")]
+    )
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "v.md").read_text().strip() == result.output.strip()
+    assert "Compaction Cost 0.5" in result.output and "| -40% |" in result.output
+    missing = CliRunner().invoke(app, ["eval", "versus", str(tmp_path / "start"), "nowhere"])
+    assert missing.exit_code != 0 and "nowhere has no episodes.jsonl" in missing.output
+    usage = CliRunner().invoke(app, ["eval", "versus", str(tmp_path / "start")])
+    assert usage.exit_code != 0 and "usage: acmrl eval versus" in usage.output
