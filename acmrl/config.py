@@ -790,6 +790,11 @@ class GRPOConfig:
     skip_flat_groups: bool = option(
         True, "drop groups whose rewards are all equal (zero advantage) unless kl_coef > 0"
     )
+    skip_failed_groups: bool = option(
+        False,
+        "drop groups in which no rollout succeeds: their rewards differ by costs only, which "
+        "(std-scaled above all) would teach failing cheaply, e.g. overflowing before a compaction",
+    )
     max_len: int = option(8192, "samples longer than this are cut (their targets too)", min=16)
     concurrency: int = option(32, "episodes in flight at once during a rollout phase", min=1)
     rollout_dtype: Literal["auto", "live", "bfloat16", "float32"] = option(

@@ -291,6 +291,9 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
     grpo.sampling.temperature = 1.0
     grpo.optim.lr, grpo.optim.max_steps, grpo.optim.schedule = z.grpo_lr, z.grpo_steps, "constant"
     grpo.scale_advantages = z.grpo_scale_advantages
+    # std-scaled, a group that all failed would rank its failures by cost alone (an early
+    # overflow, with no compaction, got the full positive advantage): such groups are dropped
+    grpo.skip_failed_groups = z.grpo_scale_advantages
     # GRPO's update holds the activations of a whole micro-batch: at 8192 tokens it peaked at
     # 22.5 GB in float32 (a 2-core CPU without bf16, 24 GB: killed by the OOM killer) and fits
     # in bf16; the loss is the token mean over the step's targets, so smaller micro-batches

@@ -408,3 +408,42 @@ def test_grpo_samples_from_a_bf16_copy_and_still_learns(tmp_path, peaked_model, 
     # per target token, in nats: large on this tiny model of huge weights (bf16 rounds its
     # logits of ~10 coarsely), and it does not grow as the policy moves (a stale copy would)
     assert len(gaps) >= 5 and max(gaps) < 0.5 and max(gaps[-3:]) <= max(gaps[:3]), gaps
+
+
+def test_groups_without_a_success_are_dropped_not_ranked_by_cost():
+    """All-failed groups differ by cost only: std-scaled, the cheapest failure (here an early
+    overflow with no compaction) would get the full positive advantage. ``skip_failed_groups``
+    zeroes them and keeps the all-success group, whose cost differences are the timing signal."""
+    from types import SimpleNamespace
+
+    from acmrl.train.grpo import GRPOTrainer, reward_weights
+
+    def episode(group: str, i: int, score: float, cost: float):
+        traj = {
+            "score": score,
+            "metrics": {"budget": 1000},
+            "steps": [
+                {
+                    "actions": [{"name": "manage_context"}],
+                    "events": [
+                        {"kind": "manage_context", "applied": True, "compaction_cost": cost}
+                    ],
+                }
+            ]
+            if cost
+            else [],
+        }
+        traj = SimpleNamespace(to_dict=lambda t=traj: t)
+        return SimpleNamespace(id=f"s0/0/{group}#acm#{i}", traj=traj, budget=1000)
+
+    failed = [episode("t1", i, 0.0, c) for i, c in enumerate([0, 800, 900, 1200])]
+    won = [episode("t2", i, 1.0, c) for i, c in enumerate([600, 600, 1200, 1200])]
+    for skip in (False, True):
+        cfg = GRPOConfig(scale_advantages=True, skip_failed_groups=skip)
+        fake = SimpleNamespace(cfg=cfg, weights=reward_weights(cfg))
+        _, adv, _ = GRPOTrainer.advantages(fake, failed + won)
+        if skip:
+            assert adv[:4] == [0.0] * 4
+        else:
+            assert adv[0] == max(adv[:4]) > 0.9  # the overflow without a compaction wins
+        assert adv[4] == adv[5] > 0.9 and adv[6] == adv[7] < -0.9  # cheaper successes win

@@ -46,6 +46,11 @@ Deliberate departures from textbook GRPO (DeepSeekMath):
 - **Flat groups are skipped** (``skip_flat_groups``, as DAPO's dynamic-sampling filter but
   without re-sampling): a group whose rewards are all equal has zero advantage and, without a
   KL term, no gradient; it is not forwarded.
+- **Groups without a success can be dropped too** (``skip_failed_groups``): where every
+  rollout failed, the rewards differ by the cost terms only, so the group would push towards
+  the cheapest failure (no compaction, an early overflow); with ``scale_advantages`` that push
+  has the full advantage scale. DAPO's filter drops all-wrong groups as well; all-right groups
+  are kept here, as their cost differences are the timing signal.
 - **Old logprobs are recomputed** by the trainer before the update (``old_logprobs=recompute``,
   as verl does) rather than taken from the engine: the engine's batched, cached decoding is not
   bit-identical to the training forward, and the ratio must be 1 on the first update. With one
@@ -434,6 +439,12 @@ class GRPOTrainer:
         adv = group_advantages(
             torch.tensor(rewards, dtype=torch.float64), groups, self.cfg.scale_advantages
         )
+        if self.cfg.skip_failed_groups:
+            won = torch.tensor([t["success"] > 0 for t in terms])
+            for g in groups.unique():
+                sel = groups == g
+                if not bool(won[sel].any()):
+                    adv[sel] = 0.0  # no success in the group: costs alone would rank failures
         return rewards, adv.tolist(), terms
 
     def samples(
