@@ -918,6 +918,11 @@ class DemoConfig:
     machine: str | None = option(
         None, "a description of the machine for the reports; null: detected"
     )
+    stop_after: str | None = option(
+        None,
+        "stop once this stage is done (e.g. annotate, to build on the demonstrations by hand); "
+        "a rerun without it continues",
+    )
 
 
 # `configs/<command>*.yaml` holds configs for that command (checked by the tests)

@@ -84,25 +84,27 @@ SIZES = {
     # a pipeline check in about a minute (the tests run it on a tiny random model)
     "smoke": Size("tiny", 1300, 1, 2, 1, 2, 3, 24, 2, 1, 1, 1, 2, 1),
     "small": Size("tiny", 1300, 4, 64, 2, 8, 12, 96, 20, 8, 10, 2, 4, 1),
-    # GRPO at lr 1e-4 with std-scaled advantages, so that a group whose samples all succeed
-    # carries the cost difference of the two timings; 2 steps of 1 task x 4 samples: 3 steps of
-    # 2 tasks took 14-15 min a step here (sharing the CPU) from a policy too weak (4/16 held
-    # out) for its groups to carry more than success noise (docs/train.md)
+    # GRPO at lr 2e-4 with std-scaled advantages, so that a group whose samples all succeed
+    # carries the cost difference of the two timings (scripts/grpo_timing.sh: from a 15/16
+    # policy, 8 steps of 2 tasks x 4 at these settings made answering at the last read the
+    # greedy choice, Compaction Cost per success -26%); here 2 steps of 1 task x 4 only, for
+    # time: 3 steps of 2 tasks took 14-15 min a step here sharing the CPU (docs/train.md)
     "default": dataclasses.replace(
         Size("tiny", 1300, 10, 160, 2, 16, 12, 96, 50, 16, 10, 2, 4, 1),
-        grpo_lr=1e-4,
+        grpo_lr=2e-4,
         grpo_scale_advantages=True,
     ),
     # the longer CPU recipe: more worlds and steps, >= 50 held-out tasks, unseen worlds
     # sized to <= 2 h on a 2-core CPU from the default run's measured rates (12.3 s per SFT
     # step, ~9 s per held-out acm episode, ~40 s per GRPO episode): about 1 h 50 min
-    # four GRPO steps must move the policy for its cost to change: 5x the default's rate, and
-    # std-scaled advantages, so that all-success groups carry the cost signal
+    # four GRPO steps must move the policy for its cost to change: lr 2e-4 and std-scaled
+    # advantages (in scripts/grpo_timing.sh's run, step 4 already answered at once at 13 of 15
+    # last reads, greedily)
     "long": dataclasses.replace(
         Size("tiny", 1300, 30, 480, 7, 56, 12, 96, 150, 32, 30, 4, 4, 2),
         unseen=True,
         unseen_tasks=32,
-        grpo_lr=1e-4,
+        grpo_lr=2e-4,
         grpo_scale_advantages=True,
     ),
     # longer multi-hop tasks, for a GPU
@@ -286,9 +288,11 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
         save_every=max(1, z.grpo_steps),
     )
     grpo.sampling.max_new_tokens = z.max_new_tokens
-    # at 0.8 the SFT policy's four samples of a task were often identical (no signal); at 1.2
-    # the default's weaker policy failed almost every sample (docs/train.md)
-    grpo.sampling.temperature = 1.0
+    # 0.8: from a policy trained on both timings, its samples differ where it matters (the
+    # last read: answer or compact); at 1.0 the same 15/16 policy succeeded in 2 of 8 samples
+    # (vs 4 of 8 at 0.8), so its groups carried success noise; at 0.8, before the demonstrations
+    # had two timings, the samples were often identical (docs/train.md)
+    grpo.sampling.temperature = 0.8
     grpo.optim.lr, grpo.optim.max_steps, grpo.optim.schedule = z.grpo_lr, z.grpo_steps, "constant"
     grpo.scale_advantages = z.grpo_scale_advantages
     # std-scaled, a group that all failed would rank its failures by cost alone (an early
@@ -423,8 +427,15 @@ class Demo:
                 (name, lambda n=name: run_eval(c[n]), f"the export on unseen world {world}")
             )
         self.n_stages = len(steps)
+        names = [name for name, _, _ in steps]
+        stop = self.cfg.stop_after
+        if stop is not None and stop not in names:
+            raise ValueError(f"stop_after={stop!r} is not a stage of this demo: {names}")
         for n, (name, fn, what) in enumerate(steps, 1):
             self.stage(n, name, fn, what)
+            if name == stop:
+                self.console.print(f"stopped after {name} (stop_after); rerun without it to go on")
+                return {"stopped_after": name, "seconds": dict(self.times)}
         return self.summary()
 
     def _versus(self) -> None:

@@ -60,7 +60,8 @@ def test_long_recipe_holds_out_enough_tasks_and_unseen_worlds(tmp_path):
     assert all(set(s).isdisjoint(c["eval-base"].env.options["seeds"]) for s in unseen)
     assert c["eval-unseen-200"].model.name == str(tmp_path / "long" / "export")
     assert c["eval-unseen-200"].env.limit == 32 and c["eval-base"].env.limit == 56
-    assert c["grpo"].scale_advantages and c["grpo"].optim.lr == 1e-4
+    assert c["grpo"].scale_advantages and c["grpo"].optim.lr == 2e-4
+    assert c["grpo"].skip_failed_groups and c["grpo"].sampling.temperature == 0.8
 
 
 def test_smoke_demo_runs_every_stage(tmp_path, tiny_model_dir):
@@ -70,8 +71,15 @@ def test_smoke_demo_runs_every_stage(tmp_path, tiny_model_dir):
 
     out = tmp_path / "demo"
     args = ["demo", "--size", "smoke", f"model.name={tiny_model_dir}", f"output={out}"]
-    result = CliRunner().invoke(app, args)
+    bad = CliRunner().invoke(app, [*args, "stop_after=anotate"])
+    assert bad.exit_code != 0 and "stop_after='anotate' is not a stage" in bad.output
+    part = CliRunner().invoke(app, [*args, "stop_after=annotate"])
+    assert part.exit_code == 0, part.output
+    assert (out / ".done" / "annotate").exists() and not (out / ".done" / "sft").exists()
+    assert "stopped after annotate" in part.output
+    result = CliRunner().invoke(app, args)  # continues from the SFT stage
     assert result.exit_code == 0, result.output
+    assert result.output.count("done already, skipped") == 3
     for stage in STAGES:
         assert (out / ".done" / stage).exists(), stage
     summary = json.loads((out / "summary.json").read_text())

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# GRPO shapes when to compact (issue 14): on the default demo's demonstrations (35% of them
+# answer right after the last read, 65% compact once more first), a 100-step SFT policy, then
+# 8 GRPO steps of 2 tasks x 4 samples at temperature 0.8 on success minus Compaction Cost;
+# both evaluated greedily on the demo's 16 held-out tasks, then `acmrl eval versus` (Pass@1,
+# mean reward, Compaction Cost per success, mean compaction point) and the probability of
+# answering at once at the last read (benchmarks/timing_decision.py). About 85 min on a 2-core
+# CPU. Every stage is skipped when its output exists, so a rerun continues.
+#   bash scripts/grpo_timing.sh [OUT=runs/timing] [SFT_SEED=1]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-runs/timing}
+SEED=${2:-1}
+bash scripts/setup.sh
+A=.venv/bin/acmrl
+D=$OUT/demo
+C=$D/configs
+$A demo output="$D" stop_after=annotate
+[ -f "$OUT/sft/final/adapter_config.json" ] || [ -f "$OUT/sft/final/config.json" ] ||
+    $A train sft --config "$C/sft.yaml" seed="$SEED" optim.max_steps=100 save_every=50 \
+        output="$OUT/sft"
+[ -f "$OUT/eval-sft/report.json" ] ||
+    $A eval --config "$C/eval-sft.yaml" model.name="$OUT/sft/final" output="$OUT/eval-sft"
+[ -f "$OUT/grpo/final/config.json" ] ||
+    $A train grpo --config "$C/grpo.yaml" model.name="$OUT/sft/final" output="$OUT/grpo" \
+        optim.max_steps=8 save_every=2 tasks_per_step=2 group_size=4 optim.lr=2e-4 \
+        sampling.temperature=0.8 scale_advantages=true skip_failed_groups=true
+[ -f "$OUT/eval-grpo/report.json" ] ||
+    $A eval --config "$C/eval-sft.yaml" model.name="$OUT/grpo/final" output="$OUT/eval-grpo"
+$A eval versus "$OUT/eval-sft" "$OUT/eval-grpo" -c "$OUT/grpo/config.yaml" \
+    -o "$OUT/grpo_vs_start.md"
+ckpts=$(ls -d "$OUT"/grpo/checkpoints/step-*/model 2>/dev/null || true)
+.venv/bin/python benchmarks/timing_decision.py "$OUT/eval-sft" "$OUT/sft/final" $ckpts \
+    "$OUT/grpo/final" | tee "$OUT/timing_decision.md"
