@@ -89,8 +89,11 @@ SIZES = {
     # policy, 8 steps of 2 tasks x 4 at these settings made answering at the last read the
     # greedy choice, Compaction Cost per success -26%); here 2 steps of 1 task x 4 only, for
     # time: 3 steps of 2 tasks took 14-15 min a step here sharing the CPU (docs/train.md)
+    # SFT 100 steps: 50 (a fifth of an epoch) gave 1, 5, 7, 12 and 15 of 16 held out with the
+    # batch order; 100 gave 15/16 and 16/16 (seeds 1 and 0, the late-share data) and 15/16
+    # twice before it, at +16 min here (docs/train.md)
     "default": dataclasses.replace(
-        Size("tiny", 1300, 10, 160, 2, 16, 12, 96, 50, 16, 10, 2, 4, 1),
+        Size("tiny", 1300, 10, 160, 2, 16, 12, 96, 100, 16, 10, 2, 4, 1),
         grpo_lr=2e-4,
         grpo_scale_advantages=True,
     ),
