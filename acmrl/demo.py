@@ -298,8 +298,8 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
     grpo.sampling.temperature = 0.8
     grpo.optim.lr, grpo.optim.max_steps, grpo.optim.schedule = z.grpo_lr, z.grpo_steps, "constant"
     grpo.scale_advantages = z.grpo_scale_advantages
-    # std-scaled, a group that all failed would rank its failures by cost alone (an early
-    # overflow, with no compaction, got the full positive advantage): such groups are dropped
+    # std-scaled, a group that all failed would rank its failures by cost alone (in a real step
+    # a wrong answer given without the last compaction got the largest advantage): dropped
     grpo.skip_failed_groups = z.grpo_scale_advantages
     # GRPO's update holds the activations of a whole micro-batch: at 8192 tokens it peaked at
     # 22.5 GB in float32 (a 2-core CPU without bf16, 24 GB: killed by the OOM killer) and fits
