@@ -48,7 +48,8 @@ Deliberate departures from textbook GRPO (DeepSeekMath):
   KL term, no gradient; it is not forwarded.
 - **Groups without a success can be dropped too** (``skip_failed_groups``): where every
   rollout failed, the rewards differ by the cost terms only, so the group would push towards
-  the cheapest failure (no compaction, an early overflow); with ``scale_advantages`` that push
+  the cheapest failure (a wrong answer without the last compaction, an early overflow); with
+  ``scale_advantages`` that push
   has the full advantage scale. DAPO's filter drops all-wrong groups as well; all-right groups
   are kept here, as their cost differences are the timing signal.
 - **Old logprobs are recomputed** by the trainer before the update (``old_logprobs=recompute``,
