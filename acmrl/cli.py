@@ -408,12 +408,15 @@ def demo(
     """
     args = list(overrides or []) + ([f"size={size}"] if size else [])
     cfg = _load(DemoConfig, config, args)
-    from acmrl.demo import run_demo
+    from acmrl.demo import StageStopped, run_demo
     from acmrl.engines.base import EngineError
     from acmrl.models import ModelError
 
     try:
         run_demo(cfg)
+    except StageStopped as exc:
+        typer.echo(str(exc))
+        raise typer.Exit(exc.exit_code) from None
     except (ModelError, EngineError, ValueError) as exc:
         fail(str(exc))
 

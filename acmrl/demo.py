@@ -1,7 +1,10 @@
 """``acmrl demo``: the whole pipeline on the embedded default model, end to end, on a CPU.
 
 Stages, each in its own folder under ``output`` and each skipped when a previous run finished it
-(a ``.done`` marker), so an interrupted demo continues where it stopped:
+(a ``.done`` marker), so an interrupted demo continues where it stopped. A training stage
+(SFT, GRPO) stopped part-way continues from its newest checkpoint; one stopped by SIGTERM or
+SIGUSR1 saves a checkpoint first, is not marked done, and the demo exits with 128 + the signal
+number (:class:`StageStopped`):
 
 1. ``tasks``: the ``kb_search`` tasks (train and eval splits) under the demo's context budget;
 2. ``eval-base``: the base model, ``react`` and ``acm``, on the eval tasks;
@@ -249,7 +252,9 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
         dataset=str(out / "annotate"),
         seed=cfg.seed,
         output=str(out / "sft"),
-        save_every=max(1, z.sft_steps // 2),
+        # a demo stopped mid-SFT continues from here (~3 min of steps at most, 60 MB each)
+        save_every=max(1, min(10, z.sft_steps // 2)),
+        save_total_limit=2,
     )
     sft.optim.lr, sft.optim.max_steps, sft.optim.warmup_steps = 1e-3, z.sft_steps, 2
     sft.optim.batch_tokens, sft.optim.mixed_precision = 4096, mp
@@ -272,7 +277,7 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
         model=dataclasses.replace(model, name=sft_model),
         dataset=[str(out / "annotate"), str(out / "round")],
         output=str(out / "sft-round"),
-        save_every=max(1, z.round_steps),
+        save_every=max(1, min(10, z.round_steps)),
         optim=dataclasses.replace(sft.optim, max_steps=z.round_steps),
     )
     round_model = str(out / "sft-round" / "final")
@@ -288,7 +293,8 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
         kl_coef=0.0,
         seed=cfg.seed,
         output=str(out / "grpo"),
-        save_every=max(1, z.grpo_steps),
+        save_every=1,  # a GRPO step takes minutes here
+        save_total_limit=2,
     )
     grpo.sampling.max_new_tokens = z.max_new_tokens
     # 0.8: from a policy trained on both timings, its samples differ where it matters (the
@@ -340,6 +346,18 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
             unseen_cfg.env.limit = z.unseen_tasks or z.eval_tasks
             configs[f"eval-unseen-{world}"] = unseen_cfg
     return configs
+
+
+class StageStopped(Exception):
+    """A training stage stopped by a signal after saving its checkpoint: not done, and a rerun of
+    the same command continues it from that checkpoint."""
+
+    def __init__(self, stage: str, signum: int, exit_code: int) -> None:
+        super().__init__(
+            f"{stage} stopped by signal {signum} after saving a checkpoint; rerun the same "
+            "command to continue from it"
+        )
+        self.exit_code = exit_code
 
 
 def _yaml(obj: Any) -> str:
@@ -398,7 +416,11 @@ class Demo:
             ("tasks", self._tasks, f"kb_search {z.preset}, budget {z.budget} tokens"),
             ("eval-base", lambda: run_eval(c["eval-base"]), "the base model"),
             ("annotate", lambda: run_annotate(c["annotate"]), "the oracle's demonstrations"),
-            ("sft", lambda: run_sft(c["sft"]), f"{z.sft_steps} steps on the demonstrations"),
+            (
+                "sft",
+                lambda: self._train("sft", run_sft, c["sft"]),
+                f"{z.sft_steps} steps on the demonstrations",
+            ),
             ("eval-sft", lambda: run_eval(c["eval-sft"]), "the SFT policy"),
             (
                 "round",
@@ -407,11 +429,15 @@ class Demo:
             ),
             (
                 "sft-round",
-                lambda: run_sft(c["sft-round"]),
+                lambda: self._train("sft-round", run_sft, c["sft-round"]),
                 f"{z.round_steps} steps on demonstrations + round",
             ),
             ("eval-round", lambda: run_eval(c["eval-round"]), "the policy after the round"),
-            ("grpo", lambda: run_grpo(c["grpo"]), f"{z.grpo_steps} GRPO steps"),
+            (
+                "grpo",
+                lambda: self._train("grpo", run_grpo, c["grpo"]),
+                f"{z.grpo_steps} GRPO steps",
+            ),
             ("eval-trained", lambda: run_eval(c["eval-trained"]), "the trained policy"),
             ("export", lambda: run_export(c["export"]), "merged HF folder + card"),
             (
@@ -440,6 +466,18 @@ class Demo:
                 self.console.print(f"stopped after {name} (stop_after); rerun without it to go on")
                 return {"stopped_after": name, "seconds": dict(self.times)}
         return self.summary()
+
+    def _train(self, name: str, run: Any, cfg: Any) -> None:
+        """A training stage, continued from its newest checkpoint when an earlier run of the demo
+        stopped inside it; a run stopped by a signal raises :class:`StageStopped`."""
+        from acmrl.train.checkpoint import latest_checkpoint
+
+        ckpt = latest_checkpoint(Path(cfg.output))
+        if ckpt is not None:
+            self.console.print(f"{name}: continuing from {ckpt} (an earlier run stopped there)")
+        result = run(cfg, resume="auto")
+        if result.get("interrupted") is not None:
+            raise StageStopped(name, result["interrupted"], result["exit_code"])
 
     def _versus(self) -> None:
         from acmrl.eval.versus import versus_start

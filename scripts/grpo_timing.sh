@@ -23,8 +23,8 @@ $A demo output="$D" stop_after=annotate
     $A eval --config "$C/eval-sft.yaml" model.name="$OUT/sft/final" output="$OUT/eval-sft"
 [ -f "$OUT/grpo/final/config.json" ] ||
     $A train grpo --config "$C/grpo.yaml" model.name="$OUT/sft/final" output="$OUT/grpo" \
-        optim.max_steps=8 save_every=2 tasks_per_step=2 group_size=4 optim.lr=2e-4 \
-        sampling.temperature=0.8 scale_advantages=true skip_failed_groups=true
+        optim.max_steps=8 save_every=2 save_total_limit=null tasks_per_step=2 group_size=4 \
+        optim.lr=2e-4 sampling.temperature=0.8 scale_advantages=true skip_failed_groups=true
 [ -f "$OUT/eval-grpo/report.json" ] ||
     $A eval --config "$C/eval-sft.yaml" model.name="$OUT/grpo/final" output="$OUT/eval-grpo"
 $A eval versus "$OUT/eval-sft" "$OUT/eval-grpo" -c "$OUT/grpo/config.yaml" \

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 from acmrl.config import DemoConfig
 from acmrl.demo import STAGES, stage_configs
+from acmrl.train.common import MetricsLog
 
 
 def test_stage_configs_chain_the_stages(tmp_path):
@@ -64,7 +67,7 @@ def test_long_recipe_holds_out_enough_tasks_and_unseen_worlds(tmp_path):
     assert c["grpo"].skip_failed_groups and c["grpo"].sampling.temperature == 0.8
 
 
-def test_smoke_demo_runs_every_stage(tmp_path, tiny_model_dir):
+def test_smoke_demo_runs_every_stage(tmp_path, tiny_model_dir, monkeypatch):
     from typer.testing import CliRunner
 
     from acmrl.cli import app
@@ -77,9 +80,31 @@ def test_smoke_demo_runs_every_stage(tmp_path, tiny_model_dir):
     assert part.exit_code == 0, part.output
     assert (out / ".done" / "annotate").exists() and not (out / ".done" / "sft").exists()
     assert "stopped after annotate" in part.output
-    result = CliRunner().invoke(app, args)  # continues from the SFT stage
+
+    # a real SIGTERM during the SFT stage's first step: the step is saved, the stage is not
+    # marked done, and the demo exits with 128 + 15; the rerun continues from that checkpoint
+    write = MetricsLog.write
+
+    def term_at_step_1(self, step, metrics):
+        write(self, step, metrics)
+        if step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(MetricsLog, "write", term_at_step_1)
+        stopped = CliRunner().invoke(app, args)
+    assert stopped.exit_code == 128 + signal.SIGTERM, stopped.output
+    assert "sft stopped by signal 15 after saving a checkpoint" in stopped.output
+    assert not (out / ".done" / "sft").exists() and not (out / "sft" / "final").exists()
+    saved = out / "sft" / "checkpoints" / "step-000001" / "training.pt"
+    saved_at = saved.stat().st_mtime_ns
+    result = CliRunner().invoke(app, args)  # continues inside the SFT stage
     assert result.exit_code == 0, result.output
     assert result.output.count("done already, skipped") == 3
+    assert "sft: continuing from" in result.output and "step-000001" in result.output
+    assert saved.stat().st_mtime_ns == saved_at  # step 1 was not trained again
+    steps = [json.loads(line)["step"] for line in (out / "sft" / "metrics.jsonl").open()]
+    assert steps == [1, 2]
     for stage in STAGES:
         assert (out / ".done" / stage).exists(), stage
     summary = json.loads((out / "summary.json").read_text())
