@@ -49,8 +49,9 @@ Deliberate departures from textbook GRPO (DeepSeekMath):
 - **Groups without a success can be dropped too** (``skip_failed_groups``): where every
   rollout failed, the rewards differ by the cost terms only, so the group would push towards
   the cheapest failure (a wrong answer without the last compaction, an early overflow); with
-  ``scale_advantages`` that push has the full advantage scale. DAPO's filter drops all-wrong groups as well; all-right groups
-  are kept here, as their cost differences are the timing signal.
+  ``scale_advantages`` that push has the full advantage scale. DAPO's filter drops all-wrong
+  groups as well; all-right groups are kept here, as their cost differences are the timing
+  signal.
 - **Old logprobs are recomputed** by the trainer before the update (``old_logprobs=recompute``,
   as verl does) rather than taken from the engine: the engine's batched, cached decoding is not
   bit-identical to the training forward, and the ratio must be 1 on the first update. With one
