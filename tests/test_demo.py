@@ -19,6 +19,8 @@ def test_stage_configs_chain_the_stages(tmp_path):
     assert c["round"].model.name == str(out / "sft" / "final") and not c["round"].demonstrations
     assert c["sft-round"].dataset == [str(out / "annotate"), str(out / "round")]
     assert c["sft-round"].model.name == str(out / "sft" / "final")
+    # the round fine-tunes a good policy: a fifth of SFT's learning rate
+    assert c["sft-round"].optim.lr == c["sft"].optim.lr / 5
     assert c["grpo"].model.name == str(out / "sft-round" / "final")
     assert c["eval-sft"].env == c["eval-round"].env == c["eval-base"].env
     assert c["eval-trained"].model.name == str(out / "grpo" / "final")
