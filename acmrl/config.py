@@ -668,6 +668,11 @@ class LoraConfig:
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         "linear layers that get adapters",
     )
+    top_layers: int | None = option(
+        None,
+        "adapt only the last N decoder layers (null: all): the backward pass stops below them",
+        min=1,
+    )
 
 
 @dataclasses.dataclass

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 
@@ -229,6 +231,47 @@ def test_gradient_checkpointing_gives_the_same_losses(tmp_path, dataset, tiny_mo
     model = build_model(cfg, None)[0]
     assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
     assert run_sft(cfg)["losses"] == pytest.approx(plain, rel=1e-5, abs=1e-6)
+
+
+def test_top_layers_adapts_the_last_layers_and_stops_the_backward_there(
+    tmp_path, dataset, tiny_model_dir
+):
+    """``lora.top_layers``: adapters only in the last N decoder layers, and no backward pass
+    through the layers below them (their autograd graph is never recorded)."""
+    import torch
+
+    from acmrl.train.common import build_model
+
+    seen = {}
+
+    def backward_calls(cfg):
+        model = build_model(cfg, None)[0]
+        layers = model.base_model.model.model.layers
+        trained = {
+            n.split(".layers.")[1].split(".")[0]
+            for n, p in model.named_parameters()
+            if p.requires_grad
+        }
+        calls = [0] * len(layers)
+        for i, layer in enumerate(layers):
+            layer.register_full_backward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+        ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+        model(input_ids=ids).logits.float().sum().backward()
+        return trained, calls
+
+    seen["all"] = backward_calls(config(tmp_path / "a", dataset, tiny_model_dir))
+    top = config(tmp_path / "b", dataset, tiny_model_dir, max_steps=2)
+    top.lora.top_layers = 1
+    seen["top"] = backward_calls(top)
+    assert seen["all"] == ({"0", "1"}, [1, 1])
+    assert seen["top"] == ({"1"}, [0, 1])
+    result = run_sft(top)  # trains, and its adapter says where it applies
+    assert result["steps"] == 2
+    adapter = json.loads((Path(top.output) / "final" / "adapter_config.json").read_text())
+    assert adapter["layers_to_transform"] == [1]
+    top.lora.top_layers = 3
+    with pytest.raises(ValueError, match=r"lora.top_layers=3: the model has only 2 decoder"):
+        build_model(top, None)
 
 
 def test_mixed_precision_follows_the_launcher(monkeypatch):

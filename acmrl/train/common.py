@@ -159,11 +159,25 @@ def build_model(cfg: Any, resume_from: Path | None) -> tuple[Any, Any, bool]:
             lora_alpha=cfg.lora.alpha,
             lora_dropout=cfg.lora.dropout,
             target_modules=list(cfg.lora.target_modules),
+            layers_to_transform=top_layers(model, cfg.lora.top_layers),
             task_type="CAUSAL_LM",
         )
         model = get_peft_model(model, lora)
     model.peft_config["default"].base_model_name_or_path = base
     return checkpointing(model, cfg), tok, merged
+
+
+def top_layers(model: Any, n: int | None) -> list[int] | None:
+    """The indices of the last ``n`` decoder layers (``lora.top_layers``); None for all.
+
+    With adapters only there, nothing below them needs a gradient, so autograd records no
+    graph for the lower layers and the backward pass stops at the lowest adapted one."""
+    if n is None:
+        return None
+    total = model.config.num_hidden_layers
+    if n > total:
+        raise ValueError(f"lora.top_layers={n}: the model has only {total} decoder layers")
+    return list(range(total - n, total))
 
 
 def checkpointing(model: Any, cfg: Any) -> Any:
