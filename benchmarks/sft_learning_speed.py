@@ -16,9 +16,10 @@ wall time it took to reach it:
 - how many held-out answers start with the right token under greedy decoding (the lookup).
 One forward pass per held-out task, on the answer turn's exact context.
 
-Variants: ``lora`` (rank 16, lr 5e-4), ``full`` (all weights, lr 5e-5) and ``lora-plain`` (as
-``lora``, without ``optim.share_prefix``: every sample reads its own system prompt); more can be
-added to VARIANTS. Measured figures go to docs/train.md ("Measured: LoRA and full fine-tuning side by
+Variants: ``lora`` (rank 16, lr 5e-4), ``full`` (all weights, lr 5e-5), ``lora-plain`` (as
+``lora``, without ``optim.share_prefix``: every sample reads its own system prompt) and
+``lora-top15`` (as ``lora``, adapters on the last 15 decoder layers only); more can be added to
+VARIANTS. Measured figures go to docs/train.md ("Measured: LoRA and full fine-tuning side by
 side"). Run alone: other jobs on the same cores distort the wall times (the held-out figures do
 not depend on it). ``--model`` with a tiny random model checks the script in a minute.
 """
@@ -36,6 +37,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "full": {"lora": {"enabled": False}, "lr": 5e-5},
     # every sample reads its own system prompt (optim.share_prefix=false)
     "lora-plain": {"lora": {"enabled": True, "r": 16, "alpha": 32}, "lr": 5e-4, "share": False},
+    # adapters on the last 15 of the 30 decoder layers: the backward pass stops there
+    "lora-top15": {"lora": {"enabled": True, "r": 16, "alpha": 32, "top_layers": 15}, "lr": 5e-4},
 }
 
 
@@ -135,6 +138,8 @@ def train(variant: str, data: Path, out: Path, steps: int, every: int, model: st
     ]
     if lora["enabled"]:
         overrides += [f"lora.r={lora['r']}", f"lora.alpha={lora['alpha']}"]
+        if lora.get("top_layers"):
+            overrides.append(f"lora.top_layers={lora['top_layers']}")
     cfg = load_config(SFTConfig, None, overrides)
     from acmrl.demo import cpu_has_bf16
 
