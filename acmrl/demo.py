@@ -135,10 +135,6 @@ STAGES = [
 ]
 # the share of demonstrations that compact as late as the budget allows (teacher.late_share)
 LATE_SHARE = 0.35
-# sft-round's learning rate: a fresh LoRA on the merged SFT policy, at a fifth of SFT's 1e-3.
-# At 1e-3 the round's 10 steps took a 16/16 policy to 12/16 and a 1/16 one to 4/16; at 2e-4
-# the same data kept 16/16 and took 1/16 to 12/16 (held out, docs/train.md, session 17)
-ROUND_LR = 2e-4
 # held-out tasks come from worlds never trained on: the demo's seed, then seed + EVAL_WORLD ...
 EVAL_WORLD = 100
 # worlds the long recipe's export is finally evaluated on, one at a time: never seen anywhere
@@ -283,7 +279,10 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
         dataset=[str(out / "annotate"), str(out / "round")],
         output=str(out / "sft-round"),
         save_every=max(1, min(10, z.round_steps)),
-        optim=dataclasses.replace(sft.optim, max_steps=z.round_steps, lr=ROUND_LR),
+        # a fresh LoRA on the merged SFT policy at a fifth of SFT's lr: at SFT's own 1e-3 the
+        # round's 10 steps took a 16/16 policy to 12/16 and a 1/16 one to 4/16; at 2e-4 the
+        # same data kept 16/16 and took 1/16 to 12/16 (held out, docs/train.md, session 17)
+        optim=dataclasses.replace(sft.optim, max_steps=z.round_steps, lr=sft.optim.lr / 5),
     )
     round_model = str(out / "sft-round" / "final")
     grpo = GRPOConfig(
