@@ -928,6 +928,12 @@ class DemoConfig:
         "stop once this stage is done (e.g. annotate, to build on the demonstrations by hand); "
         "a rerun without it continues",
     )
+    top_layers: int | None = option(
+        None,
+        "LoRA on the last N decoder layers only in SFT and the round's SFT (0: all layers); "
+        "null: the size's (15 of SmolLM2-135M's 30 for default and long, all for the others)",
+        min=0,
+    )
 
 
 # `configs/<command>*.yaml` holds configs for that command (checked by the tests)
