@@ -108,7 +108,8 @@ SIZES = {
     # the longer CPU recipe: more worlds and steps, >= 50 held-out tasks, unseen worlds
     # sized to <= 2 h on a 2-core CPU from the default run's measured rates (12.3 s per SFT
     # step, ~9 s per held-out acm episode, ~40 s per GRPO episode): about 1 h 50 min; on the
-    # later machine (17.7-20.6 s per SFT step) its run took 149 min of stages (README)
+    # later machine (17.7-20.6 s per SFT step) its run took 149 min of stages, and 124 min
+    # with the cuts below (README "Latest long run")
     # four GRPO steps must move the policy for its cost to change: lr 2e-4 and std-scaled
     # advantages (in scripts/grpo_timing.sh's run, step 4 already answered at once at 13 of 15
     # last reads, greedily)
