@@ -930,7 +930,7 @@ class DemoConfig:
     )
     top_layers: int | None = option(
         None,
-        "LoRA on the last N decoder layers only in SFT and the round's SFT (0: all layers); "
+        "LoRA on the last N decoder layers only in SFT, the round's SFT and GRPO (0: all layers); "
         "null: the size's (15 of SmolLM2-135M's 30 for default and long, all for the others)",
         min=0,
     )

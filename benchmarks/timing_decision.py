@@ -9,6 +9,13 @@ prints, for each model, the probability of the first token of each rationale at 
 The states are taken from an ``acmrl eval`` folder: in every episode, the model input right
 after the last ``open`` whose next action is ``manage_context`` or ``answer``.
 
+Answering is right only there: after any earlier ``open`` (the person's or the town's document,
+followed by more reading) an answer fails. So the table also gives, at those *reading* states
+(the first ``open`` of each episode whose next action is a ``search`` or ``open``), the
+probability of the whole answer-now rationale: a policy that learned the timing raises it after
+the last read and keeps it near 0 while reading goes on. (The first token alone does not tell
+there: "I need to find out more ..." starts a search with the same token.)
+
     python benchmarks/timing_decision.py EVAL_FOLDER MODEL [MODEL ...]
 """
 
@@ -26,18 +33,24 @@ from acmrl.models import load_model
 EARLY, LATE = "My context is at", "I have read everything"
 
 
-def decision_prompts(folder: Path) -> list[list[int]]:
-    prompts = []
+def decision_prompts(folder: Path) -> tuple[list[list[int]], list[list[int]]]:
+    """The prompts after each episode's last read (the decision) and after its first read
+    that more reading follows (where answering fails)."""
+    prompts, reading = [], []
     for line in (folder / "episodes.jsonl").read_text().splitlines():
         t = json.loads(line)
         steps = t["steps"]
         names = [[a.get("name") for a in s.get("actions", [])] for s in steps]
-        last = max((i for i, n in enumerate(names) if "open" in n), default=None)
-        if last is None or last + 1 >= len(steps):
+        opens = [i for i, n in enumerate(names) if "open" in n and i + 1 < len(steps)]
+        if not opens:
             continue
+        last = opens[-1]
         if names[last + 1][:1] in (["manage_context"], ["answer"]):
             prompts.append(steps[last + 1]["call"]["prompt_ids"])
-    return prompts
+        early = next((i for i in opens if names[i + 1][:1] in (["search"], ["open"])), None)
+        if early is not None and steps[early + 1].get("call"):
+            reading.append(steps[early + 1]["call"]["prompt_ids"])
+    return prompts, reading
 
 
 @torch.no_grad()
@@ -56,15 +69,38 @@ def late_share(model_name: str, prompts: list[list[int]]) -> tuple[float, float,
     return sum(p_late) / n, sum(p_early) / n, wins
 
 
+@torch.no_grad()
+def phrase_prob(model: torch.nn.Module, prompt: list[int], phrase: list[int]) -> float:
+    """P(the model writes ``phrase`` next), teacher-forced in one forward pass."""
+    logits = model(input_ids=torch.tensor([prompt + phrase])).logits[0].float()
+    logp = torch.log_softmax(logits[len(prompt) - 1 : -1], -1)
+    return float(logp.gather(-1, torch.tensor(phrase)[:, None]).sum().exp())
+
+
+def answer_while_reading(model_name: str, prompts: list[list[int]]) -> tuple[float, int]:
+    """Mean P(the answer-now rationale) at reading states, and how many give it > 0.5."""
+    model, tok = load_model(ModelConfig(name=model_name, dtype="float32"))
+    phrase = tok(LATE, add_special_tokens=False)["input_ids"]
+    probs = [phrase_prob(model, ids, phrase) for ids in prompts]
+    return sum(probs) / max(1, len(probs)), sum(p > 0.5 for p in probs)
+
+
 def main() -> None:
     folder, models = Path(sys.argv[1]), sys.argv[2:]
-    prompts = decision_prompts(folder)
-    print(f"{len(prompts)} decision states from {folder}")
-    print("| model | P(answer now) | P(compact) | states where answering wins |")
-    print("|---|---|---|---|")
+    prompts, reading = decision_prompts(folder)
+    print(f"{len(prompts)} decision states and {len(reading)} reading states from {folder}")
+    print(
+        "| model | P(answer now) | P(compact) | states where answering wins "
+        "| P(answer-now rationale) while reading | reading states above 0.5 |"
+    )
+    print("|---|---|---|---|---|---|")
     for m in models:
         pl, pe, wins = late_share(m, prompts)
-        print(f"| {m} | {pl:.3f} | {pe:.3f} | {wins}/{len(prompts)} |")
+        pr, above = answer_while_reading(m, reading)
+        print(
+            f"| {m} | {pl:.3f} | {pe:.3f} | {wins}/{len(prompts)} "
+            f"| {pr:.4f} | {above}/{len(reading)} |"
+        )
 
 
 if __name__ == "__main__":

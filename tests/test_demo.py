@@ -35,10 +35,12 @@ def test_stage_configs_chain_the_stages(tmp_path):
     assert c["grpo"].env == c["annotate"].env and len(trained) == 10
     assert c["eval-base"].agent.repeat_rule and c["annotate"].teacher.pressure_spread
     assert c["round"].teacher.switch_arms and c["round"].arms == ["react", "acm"]
-    # SFT and the round's SFT adapt the top 15 of SmolLM2's 30 layers; 0 asks for all of them
+    # SFT, the round's SFT and GRPO adapt the top 15 of SmolLM2's 30 layers; 0 asks for all
     assert c["sft"].lora.top_layers == c["sft-round"].lora.top_layers == 15
+    assert c["grpo"].lora.top_layers == 15
     c = stage_configs(DemoConfig(output=str(tmp_path / "demo"), top_layers=0))
     assert c["sft"].lora.top_layers is None and c["sft-round"].lora.top_layers is None
+    assert c["grpo"].lora.top_layers is None
     small = stage_configs(DemoConfig(size="smoke", output=str(tmp_path / "s")))
     assert small["sft"].lora.top_layers is None  # a tiny model has fewer layers
 
@@ -71,8 +73,8 @@ def test_long_recipe_holds_out_enough_tasks_and_unseen_worlds(tmp_path):
     assert all(set(s).isdisjoint(c["eval-base"].env.options["seeds"]) for s in unseen)
     assert c["eval-unseen-200"].model.name == str(tmp_path / "long" / "export")
     assert c["eval-unseen-200"].env.limit == 32 and c["eval-base"].env.limit == 56
-    # the SFT stage's curve point on 24 tasks; GRPO's start is compared on all 56
-    assert c["eval-sft"].env.limit == 24 and c["eval-round"].env.limit == 56
+    # the SFT stage's curve point on 16 tasks; GRPO's start is compared on all 56
+    assert c["eval-sft"].env.limit == 16 and c["eval-round"].env.limit == 56
     assert c["eval-trained"].env == c["eval-round"].env
     assert c["grpo"].scale_advantages and c["grpo"].optim.lr == 2e-4
     assert c["grpo"].skip_failed_groups and c["grpo"].sampling.temperature == 0.8
