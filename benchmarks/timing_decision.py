@@ -9,12 +9,12 @@ prints, for each model, the probability of the first token of each rationale at 
 The states are taken from an ``acmrl eval`` folder: in every episode, the model input right
 after the last ``open`` whose next action is ``manage_context`` or ``answer``.
 
-Answering is right only there: after any earlier ``open`` (the person's or the town's document,
-followed by more reading) an answer fails. So the table also gives, at those *reading* states
-(the first ``open`` of each episode whose next action is a ``search`` or ``open``), the
-probability of the whole answer-now rationale: a policy that learned the timing raises it after
-the last read and keeps it near 0 while reading goes on. (The first token alone does not tell
-there: "I need to find out more ..." starts a search with the same token.)
+Answering is right only there: after an earlier ``open`` (the person's document, which the
+budget makes the policy compact after before it searches on) an answer fails. So the table also
+gives, at those *reading* states (the input after the first of an episode's several ``open``
+calls), the probability of the whole answer-now rationale: a policy that learned the timing
+raises it after the last read and keeps it near 0 while reading goes on. (The first token alone
+does not tell there: "I need to find out more ..." starts a search with the same token.)
 
     python benchmarks/timing_decision.py EVAL_FOLDER MODEL [MODEL ...]
 """
@@ -35,7 +35,7 @@ EARLY, LATE = "My context is at", "I have read everything"
 
 def decision_prompts(folder: Path) -> tuple[list[list[int]], list[list[int]]]:
     """The prompts after each episode's last read (the decision) and after its first read
-    that more reading follows (where answering fails)."""
+    when more reads follow (where answering fails)."""
     prompts, reading = [], []
     for line in (folder / "episodes.jsonl").read_text().splitlines():
         t = json.loads(line)
@@ -47,9 +47,8 @@ def decision_prompts(folder: Path) -> tuple[list[list[int]], list[list[int]]]:
         last = opens[-1]
         if names[last + 1][:1] in (["manage_context"], ["answer"]):
             prompts.append(steps[last + 1]["call"]["prompt_ids"])
-        early = next((i for i in opens if names[i + 1][:1] in (["search"], ["open"])), None)
-        if early is not None and steps[early + 1].get("call"):
-            reading.append(steps[early + 1]["call"]["prompt_ids"])
+        if len(opens) > 1 and steps[opens[0] + 1].get("call"):  # the first of several reads
+            reading.append(steps[opens[0] + 1]["call"]["prompt_ids"])
     return prompts, reading
 
 
