@@ -41,9 +41,9 @@ def decision_prompts(folder: Path) -> tuple[list[list[int]], list[list[int]]]:
         t = json.loads(line)
         steps = t["steps"]
         names = [[a.get("name") for a in s.get("actions", [])] for s in steps]
-        opens = [i for i, n in enumerate(names) if "open" in n and i + 1 < len(steps)]
-        if not opens:
-            continue
+        opens = [i for i, n in enumerate(names) if "open" in n]
+        if not opens or opens[-1] + 1 >= len(steps):
+            continue  # no read, or the episode ended at its last read
         last = opens[-1]
         if names[last + 1][:1] in (["manage_context"], ["answer"]):
             prompts.append(steps[last + 1]["call"]["prompt_ids"])
