@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -53,8 +54,7 @@ def decision_prompts(folder: Path) -> tuple[list[list[int]], list[list[int]]]:
 
 
 @torch.no_grad()
-def late_share(model_name: str, prompts: list[list[int]]) -> tuple[float, float, int]:
-    model, tok = load_model(ModelConfig(name=model_name, dtype="float32"))
+def late_share(model: Any, tok: Any, prompts: list[list[int]]) -> tuple[float, float, int]:
     early = tok(EARLY, add_special_tokens=False)["input_ids"][0]
     late = tok(LATE, add_special_tokens=False)["input_ids"][0]
     p_late, p_early, wins = [], [], 0
@@ -76,9 +76,8 @@ def phrase_prob(model: torch.nn.Module, prompt: list[int], phrase: list[int]) ->
     return float(logp.gather(-1, torch.tensor(phrase)[:, None]).sum().exp())
 
 
-def answer_while_reading(model_name: str, prompts: list[list[int]]) -> tuple[float, int]:
+def answer_while_reading(model: Any, tok: Any, prompts: list[list[int]]) -> tuple[float, int]:
     """Mean P(the answer-now rationale) at reading states, and how many give it > 0.5."""
-    model, tok = load_model(ModelConfig(name=model_name, dtype="float32"))
     phrase = tok(LATE, add_special_tokens=False)["input_ids"]
     probs = [phrase_prob(model, ids, phrase) for ids in prompts]
     return sum(probs) / max(1, len(probs)), sum(p > 0.5 for p in probs)
@@ -94,8 +93,9 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|")
     for m in models:
-        pl, pe, wins = late_share(m, prompts)
-        pr, above = answer_while_reading(m, reading)
+        model, tok = load_model(ModelConfig(name=m, dtype="float32"))  # once for both tables
+        pl, pe, wins = late_share(model, tok, prompts)
+        pr, above = answer_while_reading(model, tok, reading)
         print(
             f"| {m} | {pl:.3f} | {pe:.3f} | {wins}/{len(prompts)} "
             f"| {pr:.4f} | {above}/{len(reading)} |"
