@@ -560,10 +560,14 @@ class TeacherConfig:
         "reference does; the resumed episode switches to the acm arm at the edit (system prompt "
         "and tools rebuilt, earlier turns replayed)",
     )
-    reasoned_answers: bool = option(
-        False,
-        "demonstrations: the answer turn first restates the fact it rests on and what it looks "
-        "for (kb_search: the birth year, then 'the event held in <town> in <year>')",
+    answers: Literal["plain", "reasoned", "cited"] = option(
+        "plain",
+        "demonstrations and corrections: how the answer turn's rationale reads. plain: 'I have "
+        "read everything the question depends on ...'; reasoned: it restates the fact the "
+        "answer rests on and what it looks for (kb_search: the birth year, then 'the event held "
+        "in <town> in <year>'), never the answer; cited: where a document in view states the "
+        "answer (kb_search: the event took place in the town and year asked for), it cites "
+        "that sentence and the document's id, so that answering now depends on what was read",
     )
     max_attempts: int = option(
         3, "llm: tries per trajectory before the assessment is failed", min=1
@@ -933,6 +937,11 @@ class DemoConfig:
         "LoRA on the last N decoder layers only in SFT, the round's SFT and GRPO (0: all layers); "
         "null: the size's (15 of SmolLM2-135M's 30 for default and long, all for the others)",
         min=0,
+    )
+    answers: Literal["plain", "reasoned", "cited"] = option(
+        "plain",
+        "the teacher's answer rationale in the demonstrations and the round's corrections "
+        "(teacher.answers; cited: the sentence of the document read that states the answer)",
     )
 
 

@@ -262,6 +262,7 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
     # after the last read, where the others compact first (a compaction of ~650 tokens that
     # buys nothing): two timings in the SFT policy, for GRPO to choose the cheaper
     annotate.teacher.late_share = LATE_SHARE
+    annotate.teacher.answers = cfg.answers  # the round's teacher is a replace of this one
     sft = SFTConfig(
         model=model,
         dataset=str(out / "annotate"),

@@ -41,6 +41,9 @@ def test_stage_configs_chain_the_stages(tmp_path):
     c = stage_configs(DemoConfig(output=str(tmp_path / "demo"), top_layers=0))
     assert c["sft"].lora.top_layers is None and c["sft-round"].lora.top_layers is None
     assert c["grpo"].lora.top_layers is None
+    assert c["annotate"].teacher.answers == c["round"].teacher.answers == "plain"
+    c = stage_configs(DemoConfig(output=str(tmp_path / "demo"), answers="cited"))
+    assert c["annotate"].teacher.answers == c["round"].teacher.answers == "cited"
     small = stage_configs(DemoConfig(size="smoke", output=str(tmp_path / "s")))
     assert small["sft"].lora.top_layers is None  # a tiny model has fewer layers
 

@@ -144,7 +144,7 @@ def test_reasoned_answers_restate_the_key_fact_not_the_answer(world, tokenizer):
         tokenizer,
         agent=AgentConfig(max_turns=12, max_context_tokens=1400, context_signal=True),
         sampling=SamplingConfig(max_new_tokens=96),
-        reasoned_answers=True,
+        answers="reasoned",
     )
     last = demo.steps[-1]
     assert demo.score == 1.0 and last.actions[0]["name"] == "answer"
@@ -231,3 +231,63 @@ def test_late_demonstrations_answer_without_a_last_compaction(world, tokenizer):
         teacher = OracleTeacher(world, pressure=0.75, tokenizer=tokenizer)
         task = next(t for t in tasks if t.id == x.task_id)
         assert teacher.assess(task, student, 1300).kind == "no_action"
+
+
+def test_cited_answers_quote_the_event_document_just_read(world, tokenizer):
+    """teacher.answers=cited: an answer given right after the event's document is read cites
+    that document's id and its sentence naming the event, town and year, both in view, so the
+    answer turn's words depend on what was read (after the person's document no such sentence
+    exists); an answer after a compaction still follows the summary's plan. The rationale passes
+    the teacher's validators, and a correction that answers cites the same way."""
+    from acmrl.teacher.assessment import Assessment, validate
+    from acmrl.teacher.oracle import OracleTeacher
+
+    tasks = world.tasks("train")[:6]
+    runs = {
+        share: demonstrate(
+            world,
+            tasks,
+            ["acm"],
+            tokenizer,
+            agent=AgentConfig(max_turns=12, max_context_tokens=1300, context_signal=True),
+            sampling=SamplingConfig(max_new_tokens=96),
+            pressure=0.75,
+            pressure_spread=[0.5, 0.9],
+            late_share=share,
+            answers="cited",
+        )
+        for share in (0.0, 1.0)
+    }
+    for share, demos in runs.items():
+        for d in demos:
+            task = next(t for t in tasks if t.id == d.task_id)
+            last = d.steps[-1]
+            rationale = last.text.split("<tool_call>")[0].strip()
+            prompt = tokenizer.decode(last.call.prompt_ids)
+            assert d.score == 1.0 and last.actions[0]["name"] == "answer"
+            if share == 0.0:  # compacted first: the summary's plan, as before
+                assert rationale.startswith("My summary says what I do next: answer")
+                continue
+            doc, says = rationale.split(" says ", 1)
+            sentence = says.removesuffix(", so I can give my answer now.")
+            assert f"[{doc}] {task.answer}\n\n" in prompt  # the event's own document, in view
+            assert sentence[1:] + "." in prompt and task.answer in sentence
+            assert task.metadata["entities"][-1] in sentence
+            a = Assessment("correction", 0, last.actions[0], rationale, "oracle")
+            tools = world.session(task).tools
+            assert validate(a, seen=prompt, reference=task.answer, tools=tools) == []
+    # the student answers wrongly right after the event's document: the correction cites it
+    x = copy.deepcopy(runs[1.0][0])
+    task = next(t for t in tasks if t.id == x.task_id)
+    for s in x.steps:
+        if s.call is not None:
+            s.call.role, s.origin = "policy", "policy"
+    x.steps[-1].actions = [{"name": "answer", "arguments": {"text": "Nothing"}}]
+    for answers, start in (
+        ("cited", f"{x.steps[-2].actions[0]['arguments']['doc_id']} says "),
+        ("plain", "I have read everything"),
+    ):
+        teacher = OracleTeacher(world, pressure=0.75, tokenizer=tokenizer, answers=answers)
+        a = teacher.assess(task, x, 1300)
+        assert a.kind == "correction" and a.action["arguments"]["text"] == task.answer
+        assert a.rationale.startswith("My answer does not match what I have read. " + start)

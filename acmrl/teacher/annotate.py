@@ -47,6 +47,7 @@ def make_teacher(cfg: AnnotateConfig, env: Environment, student: Engine) -> Any:
             pressure=t.pressure,
             tokenizer=student.tokenizer,  # type: ignore[attr-defined]
             switch_arms=t.switch_arms,
+            answers=t.answers,
         )
     if t.base_urls:
         from acmrl.engines.openai import OpenAIEngine
@@ -181,7 +182,7 @@ def annotate_tasks(
             sampling=cfg.sampling,
             pressure=cfg.teacher.pressure,
             pressure_spread=cfg.teacher.pressure_spread or None,
-            reasoned_answers=cfg.teacher.reasoned_answers,
+            answers=cfg.teacher.answers,
             late_share=cfg.teacher.late_share,
         )
         by_task: dict[str, list[dict[str, Any]]] = {}

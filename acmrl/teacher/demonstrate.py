@@ -52,6 +52,7 @@ from acmrl.teacher.oracle import (
     _describe,
     _next_needed,
     call_value,
+    cited_answer,
     followed_plan,
     plan_line,
 )
@@ -104,11 +105,11 @@ class Demonstrator:
         budget: int,
         tokenizer: Any,
         pressure: float,
-        reasoned_answers: bool = False,
+        answers: str = "plain",
         late: bool = False,
     ) -> None:
         self.env, self.task, self.arm, self.budget = env, task, arm, budget
-        self.reasoned_answers = reasoned_answers
+        self.answers = answers  # teacher.answers
         self.tok, self.pressure = tokenizer, pressure
         self.late = late  # compact only when the next result would not fit
         self.seen = task.prompt  # everything read so far (kept across compactions)
@@ -195,13 +196,17 @@ class Demonstrator:
         return text in prompt or all(p.strip() in prompt for p in text.split(","))
 
     def _answer_rationale(self, prompt: str) -> str | None:
-        """With ``reasoned_answers``: the fact the answer rests on and what it looks for, both
-        in view, said before the answer (the key fact's year, then the event of that year),
-        so that the student looks the answer up instead of guessing it. Never the answer."""
+        """The answer turn's rationale by ``teacher.answers``: ``cited``, the sentence of a
+        document in view that states the answer, with its id (:func:`cited_answer`);
+        ``reasoned``, the fact the answer rests on and what it looks for, both in view (the key
+        fact's year, then the event of that year), never the answer; None for ``plain`` or
+        when what it needs is not in view."""
+        if self.answers == "cited":
+            return cited_answer(self.task, prompt)
         meta = self.task.metadata
         key, entities = meta.get("key_fact"), meta.get("entities", [])
         year = re.search(r"\b\d{4}\b", key or "")
-        if not (self.reasoned_answers and key and year and entities and key in prompt):
+        if not (self.answers == "reasoned" and key and year and entities and key in prompt):
             return None
         return f"{key} So I need the event held in {entities[-1]} in {year.group(0)}."
 
@@ -323,7 +328,7 @@ def demonstrate(
     sampling: SamplingConfig,
     pressure: float = 0.6,
     pressure_spread: list[float] | None = None,
-    reasoned_answers: bool = False,
+    answers: str = "plain",
     late_share: float = 0.0,
     concurrency: int = 16,
 ) -> list[Trajectory]:
@@ -337,7 +342,7 @@ def demonstrate(
     if not episodes:
         return []
     engine = oracle_engine(
-        env, tokenizer, episodes[0].budget, pressure, pressure_spread, reasoned_answers, late_share
+        env, tokenizer, episodes[0].budget, pressure, pressure_spread, answers, late_share
     )
     run_episodes(episodes, engine, concurrency=concurrency)
     out = []
@@ -364,7 +369,7 @@ def oracle_engine(
     budget: int,
     pressure: float = 0.75,
     pressure_spread: list[float] | None = None,
-    reasoned_answers: bool = False,
+    answers: str = "plain",
     late_share: float = 0.0,
 ) -> Any:
     """The oracle's expert plan as an engine: any episode whose id is ``<task>#<arm>#<n>`` is
@@ -383,7 +388,7 @@ def oracle_engine(
             at = pressure_for(task_id, pressure, pressure_spread)
             late = is_late(task_id, late_share)
             demos[eid] = Demonstrator(
-                env, tasks[task_id], arm, budget, tokenizer, at, reasoned_answers, late
+                env, tasks[task_id], arm, budget, tokenizer, at, answers, late
             )
         return demos[eid](session_id, prompt)
 

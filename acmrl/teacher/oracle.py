@@ -81,16 +81,62 @@ def _next_needed(
     return plan[-1]
 
 
-def _describe(name: str, args: dict[str, Any], task: Task | None = None) -> str:
+ANSWER_NOW = "so I can give my answer now."
+
+
+def cited_answer(task: Task, visible: str) -> str | None:
+    r"""The answer turn's rationale that cites its evidence (``teacher.answers: cited``): the
+    sentence of a document in view that states the answer where the question asks for it
+    (kb_search: "The X took place in <town> in <year>."), with that document's id. None when
+    no document in view says so (the answer comes from a summary, or the task has no such
+    sentence): the plain or plan-following rationale is used then.
+
+    >>> from acmrl.envs.base import Task
+    >>> t = Task("t", "?", "Velvet Kite Market", {"key_fact": "Ana was born in 1962.",
+    ...          "entities": ["Ana", "Winrurhaven"]})
+    >>> doc = "[kb-00071] Velvet Kite Market\n\nThe Velvet Kite Market took place in Winrurhaven"
+    >>> print(cited_answer(t, doc + " in 1962. It was organised by Kite Works."))
+    kb-00071 says the Velvet Kite Market took place in Winrurhaven in 1962, so I can give my answer now.
+    >>> cited_answer(t, "[kb-00012] Ana\n\nAna was born in 1962.") is None
+    True
+    """
+    meta = task.metadata
+    year = re.search(r"\b\d{4}\b", meta.get("key_fact") or "")
+    entities = meta.get("entities") or []
+    if not (isinstance(task.answer, str) and year and entities):
+        return None
+    cited = None
+    for m in re.finditer(r"[^.\n]*" + re.escape(task.answer) + r"[^.\n]*\.", visible):
+        sentence = m.group(0).strip()
+        if year.group(0) not in sentence or entities[-1] not in sentence:
+            continue
+        heads = list(re.finditer(r"^\[([^\]\s]+)\] [^\n]*\n\n", visible[: m.start()], re.M))
+        if heads:  # the last document opened before the sentence is the one that says it
+            cited = (heads[-1].group(1), sentence)
+    if cited is None:
+        return None
+    doc, sentence = cited
+    if sentence.startswith("The "):
+        sentence = "the " + sentence[4:]
+    return f"{doc} says {sentence.rstrip('.')}, {ANSWER_NOW}"
+
+
+def _describe(
+    name: str, args: dict[str, Any], task: Task | None = None, cited: str | None = None
+) -> str:
+    """The rationale of the plan's next call; ``cited`` (an answer's :func:`cited_answer`)
+    replaces the plain answer rationale when given."""
     lookup = _lookup_rationale(task, args) if task is not None and name == "search" else None
     if lookup:
         return lookup
+    if name == "answer" and cited:
+        return cited
     if name == "search":
         return f"I need to find out more about {args['query']}, so I will search for it."
     if name == "open":
         return f"{args['doc_id']} is the document I need next; I should read it before I go on."
     if name == "answer":
-        return "I have read everything the question depends on, so I can give my answer now."
+        return f"I have read everything the question depends on, {ANSWER_NOW}"
     return f"The next thing I need is to call {name} with {json.dumps(args)}."
 
 
@@ -154,8 +200,10 @@ class OracleTeacher:
         pressure: float = 0.6,
         tokenizer: Any = None,
         switch_arms: bool = False,
+        answers: str = "plain",
     ) -> None:
         self.env = env
+        self.answers = answers  # teacher.answers: "cited" cites the evidence of an answer
         self.pressure = pressure
         self.switch_arms = switch_arms  # react runs get manage_context and go on as acm
         self.tokenizer = tokenizer  # decodes a step's prompt: what the student could see then
@@ -285,7 +333,12 @@ class OracleTeacher:
                 name, args = _next_needed(self.env, task, seen, done, visible)
                 after = i > 0 and any(a["name"] == "manage_context" for a in steps[i - 1].actions)
                 plan = followed_plan(visible, name, args) if after else None
-                rationale = f"{why} {plan or _describe(name, args, task)}"
+                cited = (
+                    cited_answer(task, visible)
+                    if name == "answer" and self.answers == "cited"
+                    else None
+                )
+                rationale = f"{why} {plan or _describe(name, args, task, cited)}"
                 return Assessment(
                     "correction", i, {"name": name, "arguments": args}, rationale, self.name
                 )
