@@ -5,17 +5,22 @@
 # both evaluated greedily on the demo's 16 held-out tasks, then `acmrl eval versus` (Pass@1,
 # mean reward, Compaction Cost per success, mean compaction point) and the probability of
 # answering at once at the last read (benchmarks/timing_decision.py). About 85 min on a 2-core
-# CPU. Every stage is skipped when its output exists, so a rerun continues.
-#   bash scripts/grpo_timing.sh [OUT=runs/timing] [SFT_SEED=1]
+# CPU. Every stage is skipped when its output exists, so a rerun continues. ANSWERS picks the
+# teacher's answer rationale (teacher.answers: plain, reasoned or cited; cited also measures
+# the timing decision by the cited opening, timing_decision.py --cited).
+#   bash scripts/grpo_timing.sh [OUT=runs/timing] [SFT_SEED=1] [ANSWERS=plain]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/timing}
 SEED=${2:-1}
+ANSWERS=${3:-plain}
 bash scripts/setup.sh
 A=.venv/bin/acmrl
 D=$OUT/demo
 C=$D/configs
-$A demo output="$D" stop_after=annotate
+$A demo output="$D" stop_after=annotate answers="$ANSWERS"
+cited=()
+[ "$ANSWERS" = cited ] && cited=(--cited)
 [ -f "$OUT/sft/final/adapter_config.json" ] || [ -f "$OUT/sft/final/config.json" ] ||
     $A train sft --config "$C/sft.yaml" seed="$SEED" optim.max_steps=100 save_every=50 \
         output="$OUT/sft"
@@ -30,5 +35,5 @@ $A demo output="$D" stop_after=annotate
 $A eval versus "$OUT/eval-sft" "$OUT/eval-grpo" -c "$OUT/grpo/config.yaml" \
     -o "$OUT/grpo_vs_start.md"
 ckpts=$(ls -d "$OUT"/grpo/checkpoints/step-*/model 2>/dev/null || true)
-.venv/bin/python benchmarks/timing_decision.py "$OUT/eval-sft" "$OUT/sft/final" $ckpts \
+.venv/bin/python benchmarks/timing_decision.py "${cited[@]}" "$OUT/eval-sft" "$OUT/sft/final" $ckpts \
     "$OUT/grpo/final" | tee "$OUT/timing_decision.md"
