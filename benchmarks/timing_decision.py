@@ -83,7 +83,8 @@ def late_share(
     p_late, p_early, wins = [], [], 0
     for prompt, doc_id in prompts:
         if cited:  # whole openings: the first token "kb" also opens an `open` call
-            late, early = (phrase_prob(model, prompt, ids(x)) for x in (f"{doc_id} says", EARLY))
+            phrases = (late_phrase(True, doc_id), EARLY)
+            late, early = (phrase_prob(model, prompt, ids(x)) for x in phrases)
         else:
             logits = model(input_ids=torch.tensor([prompt])).logits[0, -1].float()
             p = torch.softmax(logits, -1)

@@ -188,6 +188,22 @@ def test_structured_memory_format_from_the_summariser_prompt(world, tokenizer):
         load_config(RolloutConfig, None, ["agent.summariser_prompt=Summarise {task}"])
 
 
+def _timed_demos(world, tasks, tokenizer, late_share, **kwargs):
+    """`acm` demonstrations at 1,300 tokens with spread pressure and the given late share."""
+    return demonstrate(
+        world,
+        tasks,
+        ["acm"],
+        tokenizer,
+        agent=AgentConfig(max_turns=12, max_context_tokens=1300, context_signal=True),
+        sampling=SamplingConfig(max_new_tokens=96),
+        pressure=0.75,
+        pressure_spread=[0.5, 0.9],
+        late_share=late_share,
+        **kwargs,
+    )
+
+
 def test_late_demonstrations_answer_without_a_last_compaction(world, tokenizer):
     """teacher.late_share: a late task compacts only when the next result would not fit, so
     once the event's document is read it answers at once, where a task compacting at its
@@ -196,21 +212,7 @@ def test_late_demonstrations_answer_without_a_last_compaction(world, tokenizer):
     from acmrl.teacher.oracle import OracleTeacher
 
     tasks = world.tasks("train")[:6]
-
-    def run(share):
-        return demonstrate(
-            world,
-            tasks,
-            ["acm"],
-            tokenizer,
-            agent=AgentConfig(max_turns=12, max_context_tokens=1300, context_signal=True),
-            sampling=SamplingConfig(max_new_tokens=96),
-            pressure=0.75,
-            pressure_spread=[0.5, 0.9],
-            late_share=share,
-        )
-
-    early, late = run(0.0), run(1.0)
+    early, late = (_timed_demos(world, tasks, tokenizer, share) for share in (0.0, 1.0))
     assert all(d.score == 1.0 for d in early + late)
     for e, x in zip(early, late, strict=True):
         names_e = [a["name"] for s in e.steps for a in s.actions]
@@ -244,19 +246,7 @@ def test_cited_answers_quote_the_event_document_just_read(world, tokenizer):
 
     tasks = world.tasks("train")[:6]
     runs = {
-        share: demonstrate(
-            world,
-            tasks,
-            ["acm"],
-            tokenizer,
-            agent=AgentConfig(max_turns=12, max_context_tokens=1300, context_signal=True),
-            sampling=SamplingConfig(max_new_tokens=96),
-            pressure=0.75,
-            pressure_spread=[0.5, 0.9],
-            late_share=share,
-            answers="cited",
-        )
-        for share in (0.0, 1.0)
+        share: _timed_demos(world, tasks, tokenizer, share, answers="cited") for share in (0.0, 1.0)
     }
     for share, demos in runs.items():
         for d in demos:
