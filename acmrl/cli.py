@@ -366,7 +366,7 @@ def _versus(start: str, trained: str, config: Path | None, output: Path | None) 
     weights of the GRPO run's config (``--config``; the defaults without it)."""
     from acmrl.config import GRPOConfig
     from acmrl.eval.versus import versus_start
-    from acmrl.train.grpo import reward_weights
+    from acmrl.train.grpo_steps import reward_weights
 
     cfg = _load(GRPOConfig, config, [])
     try:

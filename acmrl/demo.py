@@ -510,7 +510,7 @@ class Demo:
 
     def _versus(self) -> None:
         from acmrl.eval.versus import versus_start
-        from acmrl.train.grpo import reward_weights
+        from acmrl.train.grpo_steps import reward_weights
 
         grpo = self.configs["grpo"]
         text = versus_start(

@@ -188,7 +188,7 @@ def grpo_step(model_dir: Path, prompts: int, group: int, new_tokens: int, steps:
 
 
 def trainer_episodes(trainer, n: int):
-    from acmrl.train.grpo import step_episodes, step_tasks
+    from acmrl.train.grpo_steps import step_episodes, step_tasks
 
     tasks = step_tasks(trainer.tasks, 0, trainer.cfg)
     eps = step_episodes(trainer.cfg, trainer.env, tasks, 0, trainer.tok)

@@ -11,7 +11,8 @@ import pytest
 
 from acmrl.config import ConfigError, GRPOConfig, load_config
 from acmrl.train.checkpoint import latest_checkpoint
-from acmrl.train.grpo import run_grpo, step_tasks, token_batches
+from acmrl.train.grpo import run_grpo, token_batches
+from acmrl.train.grpo_steps import step_tasks
 from acmrl.train.samples import Sample
 from tests.grpo_env import TargetEnv, override, target_word
 
@@ -416,7 +417,8 @@ def test_groups_without_a_success_are_dropped_not_ranked_by_cost():
     zeroes them and keeps the all-success group, whose cost differences are the timing signal."""
     from types import SimpleNamespace
 
-    from acmrl.train.grpo import GRPOTrainer, reward_weights
+    from acmrl.train.grpo import GRPOTrainer
+    from acmrl.train.grpo_steps import reward_weights
 
     def episode(group: str, i: int, score: float, cost: float):
         traj = {

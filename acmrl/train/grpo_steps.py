@@ -1,0 +1,114 @@
+"""What one GRPO step samples and measures: its tasks, its groups of episodes, and the
+rollout figures logged per step (reward terms, success, compactions, where the policy compacts
+and what a success costs). :mod:`acmrl.train.grpo` trains on them."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Any
+
+import torch
+
+from acmrl.config import GRPOConfig
+from acmrl.envs import Environment
+from acmrl.envs.base import Task
+from acmrl.rewards import RewardWeights
+from acmrl.rollout.agent import Episode
+from acmrl.rollout.records import Trajectory
+from acmrl.rollout.run import make_episode
+from acmrl.rollout.worker import episode_id
+
+
+def step_tasks(tasks: list[Task], step: int, cfg: GRPOConfig) -> list[Task]:
+    """The tasks of GRPO step ``step`` (0-based): consecutive slices of per-epoch shuffles."""
+    n = len(tasks)
+    out = []
+    for pos in range(step * cfg.tasks_per_step, (step + 1) * cfg.tasks_per_step):
+        epoch, i = divmod(pos, n)
+        order = list(range(n))
+        random.Random(cfg.seed * 1_000_003 + epoch).shuffle(order)
+        out.append(tasks[order[i]])
+    return out
+
+
+def step_episodes(
+    cfg: GRPOConfig, env: Environment, tasks: list[Task], step: int, tokenizer: Any
+) -> list[Episode]:
+    episodes = []
+    for k, task in enumerate(tasks):
+        for arm in cfg.arms:
+            for g in range(cfg.group_size):
+                # k tells apart a task drawn twice in one step (a split smaller than the step)
+                eid = f"s{step + 1}/{k}/" + episode_id(task.id, arm, g)
+                episodes.append(make_episode(cfg, eid, env, task, arm, g, tokenizer))
+    return episodes
+
+
+def group_key(ep_id: str) -> str:
+    """Episodes ``s3/0/task#arm#g`` of one group share ``s3/0/task#arm``."""
+    return ep_id.rsplit("#", 1)[0]
+
+
+def episode_facts(traj: Trajectory, reward: float, terms: dict[str, float]) -> dict[str, Any]:
+    """What the step's metrics need of one episode: small enough to gather from every process."""
+    m = traj.metrics
+    return {
+        "reward": reward,
+        "terms": terms,
+        "score": traj.score,
+        "status": traj.status,
+        "metrics": {
+            k: m.get(k, 0)
+            for k in (
+                "peak_context_tokens",
+                "compactions",
+                "tool_calls",
+                "prompt_tokens",
+                "reused_tokens",
+                "compaction_cost",
+            )
+        },
+        # where the policy compacts (context before / budget)
+        "points": traj.compaction_points(),
+    }
+
+
+def reward_weights(cfg: GRPOConfig) -> RewardWeights:
+    """The reward weights of a GRPO config (its ``reward:`` section)."""
+    return RewardWeights(
+        **{f.name: getattr(cfg.reward, f.name) for f in dataclasses.fields(RewardWeights)}
+    )
+
+
+def rollout_metrics(facts: list[dict[str, Any]]) -> dict[str, float]:
+    """Reward, success, context and compaction figures of a step's episodes (all processes')."""
+    n = max(1, len(facts))
+    terms = [f["terms"] for f in facts]
+    rewards = [f["reward"] for f in facts]
+    out = {f"reward/{k}": sum(t[k] for t in terms) / n for k in (terms[0] if terms else {})}
+    out["reward/mean"] = sum(rewards) / n
+    out["reward/std"] = float(torch.tensor(rewards or [0.0]).std(unbiased=False))
+
+    def mean(key: str) -> float:
+        return sum(f["metrics"][key] for f in facts) / n
+
+    prompt = sum(f["metrics"]["prompt_tokens"] for f in facts)
+    out |= {
+        "rollout/success": sum(f["score"] >= 1.0 for f in facts) / n,
+        "rollout/score": sum(f["score"] for f in facts) / n,
+        "rollout/peak_context_tokens": mean("peak_context_tokens"),
+        "rollout/compactions": mean("compactions"),
+        "rollout/tool_calls": mean("tool_calls"),
+        "rollout/overflow": sum(f["status"] == "overflow" for f in facts) / n,
+        "rollout/cache_reuse": sum(f["metrics"]["reused_tokens"] for f in facts) / max(1, prompt),
+    }
+    # where the policy compacts and what a success costs: the timing GRPO is meant to shape
+    points = [p for f in facts for p in f["points"]]
+    wins = [f for f in facts if f["score"] >= 1.0]
+    out["rollout/compaction_point"] = sum(points) / len(points) if points else float("nan")
+    out["rollout/compaction_cost_per_success"] = (
+        sum(f["metrics"]["compaction_cost"] for f in wins) / len(wins) if wins else float("nan")
+    )
+    out["rollout/episodes"] = len(facts)
+    return out
