@@ -1,6 +1,6 @@
 """Would llama.cpp serve rollouts faster than the transformers engine on this CPU?
 
-    pip install llama-cpp-python==0.3.36      # builds llama.cpp from source (~15 min on 2 cores)
+    pip install llama-cpp-python==0.3.36      # builds llama.cpp from source (28 min on 2 cores beside a training job)
     .venv/bin/python benchmarks/llamacpp_engine.py [--rows 16] [--weights f32 f16 q8_0]
 
 The workload of ``benchmarks/decode_batch.py``: ``--rows`` kb_search tiny inputs (rendered States
