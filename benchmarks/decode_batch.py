@@ -25,7 +25,7 @@ import torch
 
 from acmrl.config import ModelConfig
 from acmrl.context.render import Renderer
-from acmrl.engines.base import Request
+from acmrl.engines.base import Completion, Engine, Request
 from acmrl.engines.hf import HFEngine
 from acmrl.envs import load
 from acmrl.envs.pressure import SYSTEM_PROMPT, oracle_state
@@ -44,18 +44,27 @@ def inputs(tokenizer, rows: int) -> list[list[int]]:
     return out
 
 
-def run(model, tok, prompts, lengths, drop: bool) -> tuple[float, list[list[int]]]:
-    engine = HFEngine(model, tok, max_batch=len(prompts), drop_finished=drop)
+def timed(engine: Engine, prompts, lengths) -> tuple[float, float, list[Completion]]:
+    """Prefill seconds, decode seconds and the completions of ``engine`` on the batch: the first
+    call reads every prompt into its session's cache, the second reuses all but the last prompt
+    token, so it is almost pure decode."""
     engine.eos_ids = set()  # never stop early: the lengths alone decide when a row finishes
     reqs = [
         Request(f"r{i}", p, max_tokens=n)
         for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))
     ]
-    # prefill apart from the decode: the first call reads every prompt into its session's cache
-    engine.generate([Request(r.session_id, r.prompt_ids, max_tokens=1) for r in reqs])
     t0 = time.perf_counter()
-    out = engine.generate(reqs)  # reuses all but the last prompt token: almost pure decode
-    return time.perf_counter() - t0, [c.completion_ids for c in out]
+    engine.generate([Request(r.session_id, r.prompt_ids, max_tokens=1) for r in reqs])
+    prefill = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out = engine.generate(reqs)
+    return prefill, time.perf_counter() - t0, out
+
+
+def run(model, tok, prompts, lengths, drop: bool) -> tuple[float, list[list[int]]]:
+    engine = HFEngine(model, tok, max_batch=len(prompts), drop_finished=drop)
+    _, decode, out = timed(engine, prompts, lengths)
+    return decode, [c.completion_ids for c in out]
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from decode_batch import inputs
+from decode_batch import inputs, timed
 
 from acmrl.config import ModelConfig
 from acmrl.context.prefix import reusable_prefix
@@ -166,6 +166,11 @@ class LlamaCppEngine(Engine):
         self.tokenizer, self.eos_ids = tokenizer, {tokenizer.eos_token_id}
         self.slots: dict[str, tuple[int, list[int]]] = {}
 
+    def close(self) -> None:
+        self.L.llama_batch_free(self.batch)
+        self.L.llama_free(self.ctx)
+        self.L.llama_model_free(self.model)
+
     def _decode(self, items: list[tuple[int, int, int, bool]]) -> list[np.ndarray]:
         """(sequence, position, token, logits wanted) in chunks of the batch size."""
         out = []
@@ -229,22 +234,6 @@ class LlamaCppEngine(Engine):
         ]
 
 
-def timed(
-    engine: Engine, prompts: list[list[int]], lengths: list[int]
-) -> tuple[float, float, list]:
-    engine.eos_ids = set()  # never stop early: the lengths alone decide when a row finishes
-    reqs = [
-        Request(f"r{i}", p, max_tokens=n)
-        for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))
-    ]
-    t0 = time.perf_counter()
-    engine.generate([Request(r.session_id, r.prompt_ids, max_tokens=1) for r in reqs])
-    prefill = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    out = engine.generate(reqs)  # all but the last prompt token cached: almost pure decode
-    return prefill, time.perf_counter() - t0, out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=16)
@@ -278,7 +267,9 @@ def main() -> None:
                 params.ftype = ftypes[name]
                 if L.llama_model_quantize(str(f32).encode(), str(path).encode(), params) != 0:
                     raise SystemExit(f"llama_model_quantize failed for {name}")
-            pre, dec, out = timed(LlamaCppEngine(path, tok, slots=n), prompts, lengths)
+            engine = LlamaCppEngine(path, tok, slots=n)
+            pre, dec, out = timed(engine, prompts, lengths)
+            engine.close()
             same, diff = 0, 0.0
             for a, b in zip(ref, out, strict=True):
                 same += a.completion_ids == b.completion_ids

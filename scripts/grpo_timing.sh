@@ -39,6 +39,8 @@ EG=$OUT/eval-grpo  # the final policy's eval, named by its steps when not 8
 [ -f "$EG/report.json" ] ||
     $A eval --config "$C/eval-sft.yaml" model.name="$OUT/grpo/final" output="$EG"
 $A eval versus "$OUT/eval-sft" "$EG" -c "$OUT/grpo/config.yaml" -o "$OUT/grpo_vs_start.md"
-ckpts=$(ls -d "$OUT"/grpo/checkpoints/step-*/model 2>/dev/null || true)
+# every checkpoint but the last, which is grpo/final's policy (measured once, as final)
+ckpts=$(ls -d "$OUT"/grpo/checkpoints/step-*/model 2>/dev/null |
+    grep -v "step-$(printf %06d "$STEPS")/" || true)
 .venv/bin/python benchmarks/timing_decision.py "${cited[@]}" "$OUT/eval-sft" "$OUT/sft/final" $ckpts \
     "$OUT/grpo/final" | tee "$OUT/timing_decision.md"
