@@ -371,6 +371,12 @@ class AgentConfig:
         "every arm: an environment call identical to an earlier one of the episode is not run "
         "again; a short observation says so (reports state when this is on)",
     )
+    text_call_rule: bool = option(
+        False,
+        "every arm: a reply with no tool call that writes one as text, name({...}) for one of "
+        "the arm's tools, is a malformed call (an error observation, the episode goes on), not "
+        "the final answer (reports state when this is on)",
+    )
     on_overflow: Literal["fail", "force_answer"] = option(
         "fail",
         "every arm, when the next input exceeds the budget: fail (the episode ends 'overflow'), "

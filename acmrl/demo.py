@@ -206,9 +206,14 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
         limit=z.train_tasks,
     )
     # the context signal shows the agent its context size, so when to compact is learnable; the
-    # repeat rule (every arm alike) answers an identical repeated call without running it
+    # repeat rule (every arm alike) answers an identical repeated call without running it, and
+    # the text-call rule (every arm alike) answers a call written as text with an error
     agent = AgentConfig(
-        max_turns=z.max_turns, max_context_tokens=z.budget, context_signal=True, repeat_rule=True
+        max_turns=z.max_turns,
+        max_context_tokens=z.budget,
+        context_signal=True,
+        repeat_rule=True,
+        text_call_rule=True,
     )
     greedy = SamplingConfig(max_new_tokens=z.max_new_tokens, stop=["</tool_call>"])
     model = cfg.model

@@ -34,6 +34,7 @@ def test_stage_configs_chain_the_stages(tmp_path):
     assert trained.isdisjoint(c["eval-base"].env.options["seeds"])
     assert c["grpo"].env == c["annotate"].env and len(trained) == 10
     assert c["eval-base"].agent.repeat_rule and c["annotate"].teacher.pressure_spread
+    assert c["eval-base"].agent.text_call_rule and c["grpo"].agent.text_call_rule
     assert c["round"].teacher.switch_arms and c["round"].arms == ["react", "acm"]
     # SFT, the round's SFT and GRPO adapt the top 15 of SmolLM2's 30 layers; 0 asks for all
     assert c["sft"].lora.top_layers == c["sft-round"].lora.top_layers == 15

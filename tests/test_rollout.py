@@ -250,6 +250,28 @@ def test_repeat_rule_answers_a_repeated_call_without_running_it(env, tiny):
             assert second == traj.steps[0].observations[0]  # run again, same result
 
 
+def test_text_call_rule_turns_a_call_written_as_text_into_an_error(env, tiny):
+    """Session 22's GRPO failure: after a compaction the student copied its summary's plan,
+    'open({"doc_id": ...})', as plain text, which ended the episode with that as its answer."""
+    task = env.tasks("eval")[0]
+    plan = env.oracle_plan(task)
+    as_text = 'My summary says what I do next: open({"doc_id": "kb-00001"})'
+    texts = [as_text, *calls(plan)]
+    for rule in (False, True):
+        ep = episode(env, task, "acm", tiny.tokenizer, max_context_tokens=4096, text_call_rule=rule)
+        traj = play(ep, texts, tiny)
+        if rule:  # an error to read, then the plan is played out and answers right
+            assert traj.status == "answered" and traj.score == 1.0
+            assert traj.metrics["malformed_calls"] == 1 and len(traj.steps) == 1 + len(plan)
+            assert traj.steps[0].errors[0].startswith("Error in tool call 1: open({...}) written")
+            said = [c["text"] for it in traj.final_state[:4] for c in it.get("content", [])]
+            assert as_text in said  # it sees what it wrote, and then the error
+            assert any(t.startswith("Error in tool call 1: open({...})") for t in said)
+        else:  # the old behaviour: the text is the answer
+            assert traj.status == "answered" and traj.answer == as_text and traj.score == 0.0
+            assert len(traj.steps) == 1
+
+
 def test_force_answer_asks_for_an_answer_from_the_truncated_context(env, tiny):
     """Issue 15, item 5: on_overflow=force_answer drops the oldest steps until the input fits
     and asks once for the final answer; fail keeps the old behaviour."""

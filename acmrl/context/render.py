@@ -502,6 +502,35 @@ def _check_call(index: int, raw: str, schemas: dict[str, dict[str, Any]]) -> Too
     return ToolCall(name, args)
 
 
+def text_call(text: str, tools: list[dict[str, Any]]) -> CallError | None:
+    """A tool call written as plain text, ``name({...})`` for one of ``tools``, as a
+    :class:`CallError` (kind ``call-as-text``); None when the text names none.
+
+    Used by ``agent.text_call_rule``: such a reply is not an answer, so the agent is told how a
+    call is written instead of having its episode ended with the call as its answer.
+
+    >>> tools = [{"type": "function", "function": {"name": "open", "parameters": {}}}]
+    >>> text_call('My summary says what I do next: open({"doc_id": "kb-00028"})', tools).message
+    'open({...}) written as text runs nothing; a call is <tool_call>{"name": "open", "arguments": {...}}</tool_call>'
+    >>> text_call("The Jade Lark Exhibition (open to all)", tools) is None
+    True
+    """
+    names = sorted(_schemas_by_name(tools), key=len, reverse=True)
+    if not names:
+        return None
+    match = re.search(rf"\b({'|'.join(map(re.escape, names))})\s*\(\s*\{{", text)
+    if match is None:
+        return None
+    name = match.group(1)
+    return CallError(
+        0,
+        "call-as-text",
+        f"{name}({{...}}) written as text runs nothing; a call is "
+        f'{TOOL_CALL_OPEN}{{"name": "{name}", "arguments": {{...}}}}{TOOL_CALL_CLOSE}',
+        text[match.start() : match.start() + 200],
+    )
+
+
 def parse_completion(text: str, tools: list[dict[str, Any]]) -> ParsedTurn:
     """Split a completion into prose and tool calls; malformed calls become :class:`CallError`."""
     schemas = _schemas_by_name(tools)

@@ -94,6 +94,7 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None) -> dict[str, Any]:
         "max_new_tokens": cfg.sampling.max_new_tokens,
         "machine": cfg.machine,
         "repeat_rule": cfg.agent.repeat_rule,
+        "text_call_rule": cfg.agent.text_call_rule,
         "on_overflow": cfg.agent.on_overflow,
         "force_compaction": cfg.agent.force_compaction,
     }
@@ -332,6 +333,13 @@ def report_markdown(report: dict[str, Any], figures: list[str]) -> str:
             " Harness rule on in every arm: an environment call identical to an earlier one is "
             "not run again (`agent.repeat_rule`)."
             if m.get("repeat_rule")
+            else ""
+        )
+        + (
+            " Harness rule on in every arm: a reply that writes a tool call as text, "
+            "`name({...})`, gets an error observation instead of ending as the answer "
+            "(`agent.text_call_rule`)."
+            if m.get("text_call_rule")
             else ""
         )
         + f" {overflow_rule(m)}",

@@ -27,7 +27,7 @@ from acmrl.config import ARMS, AgentConfig, SamplingConfig
 from acmrl.context.archive import Archive, ArchiveError
 from acmrl.context.evolve import EVOLVE_TOOL_SCHEMA, STATE_PROMPT, EvolveLimits, apply_evolve
 from acmrl.context.prefix import compaction_cost, reusable_prefix
-from acmrl.context.render import Renderer, ToolCall, parse_completion
+from acmrl.context.render import Renderer, ToolCall, parse_completion, text_call
 from acmrl.context.state import (
     EVOLVE_TOOL,
     State,
@@ -288,6 +288,9 @@ class Episode:
         self._step = step = Step(self.turn, call, c.text)
         self.traj.steps.append(step)
         step.errors = [e.observation() for e in parsed.errors]
+        if self.agent.text_call_rule and not parsed.calls and not step.errors:
+            as_text = text_call(c.text, self.tools)  # a call written as text is not an answer
+            step.errors = [as_text.observation()] if as_text else []
         if parsed.calls:
             if parsed.text.strip():
                 self.state.append(assistant(parsed.text.strip()))
