@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from acmrl.config import SFTConfig
 from acmrl.train.checkpoint import latest_checkpoint
@@ -154,6 +155,11 @@ def test_resume_from_a_checkpoint_and_a_changed_config_is_refused(
     changed.lora.r = 8
     with pytest.raises(ValueError, match=r"lora\.r: 4 -> 8; optim\.lr: 0\.005 -> 0\.001"):
         run_sft(changed, resume_from=tmp_path / "a" / "sft")
+    # a run saved before an option existed resumes while the option keeps its default
+    saved = tmp_path / "a" / "sft" / "config.yaml"
+    old = yaml.safe_load(saved.read_text())
+    assert old["lora"].pop("top_layers") is None and old.pop("min_weight") == 0.0
+    saved.write_text(yaml.safe_dump(old))
     longer = config(tmp_path / "a", dataset, tiny_model_dir, max_steps=7)  # may change
     assert run_sft(longer, resume=True)["steps"] == 7
 

@@ -48,12 +48,25 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """``key: old -> new`` for every key that differs and may not change on a resume."""
-    a, b = _flat(old), _flat(new)
+def config_changes(
+    old: dict[str, Any], new: dict[str, Any], defaults: dict[str, Any] | None = None
+) -> list[str]:
+    """``key: old -> new`` for every key that differs and may not change on a resume.
+
+    An option the old config lacks (a run saved before the option existed) is no change while
+    the new config keeps its value in ``defaults``: a new option defaults to the old behaviour.
+
+    >>> config_changes({"agent": {"a": 1}}, {"agent": {"a": 1, "b": False}}, {"agent": {"b": False}})
+    []
+    >>> config_changes({"agent": {"a": 1}}, {"agent": {"a": 1, "b": True}}, {"agent": {"b": False}})
+    ["agent.b: '<absent>' -> True"]
+    """
+    a, b, d = _flat(old), _flat(new), _flat(defaults or {})
     changed = []
     for key in sorted(set(a) | set(b)):
         if key in RESUMABLE or key.split(".")[0] in RESUMABLE:
+            continue
+        if key not in a and key in d and b.get(key) == d[key]:
             continue
         if a.get(key, "<absent>") != b.get(key, "<absent>"):
             changed.append(f"{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}")
@@ -93,7 +106,8 @@ def start_run(
     if ckpt is not None:
         saved = ckpt.parent.parent / CONFIG
         if saved.is_file():
-            changes = config_changes(yaml.safe_load(saved.read_text()) or {}, resolved)
+            old = yaml.safe_load(saved.read_text()) or {}
+            changes = config_changes(old, resolved, to_dict(type(cfg)()))
             if changes:
                 raise ValueError(
                     f"resuming from {ckpt}: the config differs from the one its run saved "
