@@ -368,8 +368,9 @@ class AgentConfig:
     evolve_heap_mb: int = option(16, "evolve: JavaScript heap limit", min=1)
     repeat_rule: bool = option(
         False,
-        "every arm: an environment call identical to an earlier one of the episode is not run "
-        "again; a short observation says so (reports state when this is on)",
+        "every arm: an environment call identical to an earlier one of the episode whose result "
+        "is still in the context is not run again; a short observation says so (a result that "
+        "was compacted or summarised away is read again; reports state when this is on)",
     )
     text_call_rule: bool = option(
         False,

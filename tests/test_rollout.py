@@ -250,6 +250,28 @@ def test_repeat_rule_answers_a_repeated_call_without_running_it(env, tiny):
             assert second == traj.steps[0].observations[0]  # run again, same result
 
 
+def test_repeat_rule_runs_a_call_again_once_its_result_was_compacted_away(env, tiny):
+    """Session 23: 39 of 42 repeat-rule refusals in a GRPO run came after a compaction, when the
+    result to 'use' was no longer in the context; none of those 29 episodes succeeded."""
+    task = env.tasks("eval")[0]
+    plan = env.oracle_plan(task)
+    first = plan[0]
+    compact = ("manage_context", {})
+    script = calls([first, compact, first, first, ("answer", {"text": task.answer})])
+    ep = episode(env, task, "acm", tiny.tokenizer, max_context_tokens=4096, repeat_rule=True)
+    traj = play(ep, script, tiny)
+    results = [
+        s.observations[0]
+        for s in traj.steps
+        if s.actions and s.actions[0] == {"name": first[0], "arguments": first[1]}
+    ]
+    assert len(results) == 3
+    assert (
+        results[1].split("\n[")[0] == results[0].split("\n[")[0]
+    )  # run again after the compaction
+    assert results[2].startswith("You already called search with these arguments on turn 3")
+
+
 def test_text_call_rule_turns_a_call_written_as_text_into_an_error(env, tiny):
     """Session 22's GRPO failure: after a compaction the student copied its summary's plan,
     'open({"doc_id": ...})', as plain text, which ended the episode with that as its answer."""

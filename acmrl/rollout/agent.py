@@ -85,7 +85,8 @@ class Episode:
         self.queue: list[ToolCall] = []
         self.last_input: list[int] = []  # the last policy prompt + completion: what is cached
         self._pending: list[_Pending] = []  # context events waiting for the next input
-        self._env_calls: dict[tuple[str, str], int] = {}  # environment call -> first turn
+        # environment call -> (turn, call id) of its latest run
+        self._env_calls: dict[tuple[str, str], tuple[int, str]] = {}
         self._resume: Callable[[Completion], None] | None = None
         self.pending_role = "policy"
         self._step: Step | None = None
@@ -365,10 +366,10 @@ class Episode:
             self._output(call_id, self.memory or "My memory is empty.")
             return None
         key = (call.name, json.dumps(call.arguments, sort_keys=True))
-        if self.agent.repeat_rule and call.name != ANSWER_TOOL and key in self._env_calls:
-            self._output(call_id, repeated_call(call.name, self._env_calls[key]))
+        if self.agent.repeat_rule and call.name != ANSWER_TOOL and self._in_view(key):
+            self._output(call_id, repeated_call(call.name, self._env_calls[key][0]))
             return None
-        self._env_calls.setdefault(key, self.turn)
+        self._env_calls[key] = (self.turn, call_id)
         obs = self.session.call(call.name, call.arguments)
         self._output(call_id, obs if isinstance(obs, str) else json.dumps(obs))
         if self.session.done:
@@ -377,6 +378,21 @@ class Episode:
         if self.arm == "memory":
             return self._reflect(call_id)
         return None
+
+    def _in_view(self, key: tuple[str, str]) -> bool:
+        """Whether the result of an earlier identical environment call is still in the context
+        as it was returned (not compacted, summarised, edited away or moved to memory): what
+        ``agent.repeat_rule`` refuses to run again. A result the agent can no longer see is
+        read again, as a person would reopen a document."""
+        if key not in self._env_calls:
+            return False
+        call_id = self._env_calls[key][1]
+        return any(
+            x["type"] == "function_call_output"
+            and x["call_id"] == call_id
+            and not output_text(x).startswith(prompts.MOVED)
+            for x in self.state
+        )
 
     def _output(self, call_id: str, text: str) -> None:
         self.state.append(function_call_output(call_id, text))
