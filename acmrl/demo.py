@@ -206,7 +206,7 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
         limit=z.train_tasks,
     )
     # the context signal shows the agent its context size, so when to compact is learnable; the
-    # repeat rule (every arm alike) answers an identical repeated call without running it, and
+    # repeat rule (every arm alike) answers an identical call whose result is in view, and
     # the text-call rule (every arm alike) answers a call written as text with an error
     agent = AgentConfig(
         max_turns=z.max_turns,

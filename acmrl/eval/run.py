@@ -330,8 +330,8 @@ def report_markdown(report: dict[str, Any], figures: list[str]) -> str:
         f"{any_arm['budget']} tokens (the complete rendered input)."
         + (f" Machine: {m['machine']}." if m.get("machine") else "")
         + (
-            " Harness rule on in every arm: an environment call identical to an earlier one is "
-            "not run again (`agent.repeat_rule`)."
+            " Harness rule on in every arm: an environment call identical to an earlier one "
+            "whose result is still in the context is not run again (`agent.repeat_rule`)."
             if m.get("repeat_rule")
             else ""
         )
