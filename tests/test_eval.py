@@ -138,7 +138,11 @@ def test_eval_writes_a_full_report_and_compare_reads_two(tmp_path, tokenizer):
     assert acm["pass@1"] == 1.0 and acm["compactions"] >= 1 and acm["valid_call_rate"] == 1.0
     assert react["overflow"] > 0 and react["pass@1"] < 1.0
     assert acm["summariser_calls"] >= 1 and acm["compaction_cost"] > 0
+    # the oracle's summaries keep every needed fact; react writes none
+    assert acm["fact_retention"] == 1.0 and acm["summary_facts_in"] > 0
+    assert react["fact_retention"] is None
     md = (out / "report.md").read_text()
+    assert f"| {acm['summary_facts_kept']}/{acm['summary_facts_in']} (1.00) |" in md
     assert "Pass@1 [95% CI]" in md and "Reading this table" in md and "test CPU" in md
     assert json.loads((out / "report.json").read_text())["vs_react"]["acm"]["pass@1_abs"] > 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from pathlib import Path
 from typing import ClassVar
 
@@ -318,8 +319,27 @@ def test_learning_curves_from_stage_evals_and_grpo_metrics(tmp_path):
     text = (tmp_path / "curves.md").read_text()
     assert "| base | acm | 4 | 0.000" in text and "| sft | acm | 4 | 0.750" in text
     assert "mean reward 0.250 -> 0.750" in text
+    assert "| facts kept |" in text.splitlines()[2]  # no summaries in these episodes: "-"
     assert (tmp_path / "curves.png").stat().st_size > 0 and (tmp_path / "grpo.png").exists()
     assert [r["stage"] for r in result["rows"]] == ["base", "sft"]
+
+
+def test_rollout_metrics_pool_the_facts_the_summaries_kept():
+    """rollout/fact_retention: the kept needed facts over those the step's summaries replaced,
+    pooled over episodes (an episode without a summary adds nothing); NaN with none."""
+    from acmrl.rollout.records import Trajectory
+    from acmrl.train.grpo_steps import episode_facts, rollout_metrics
+
+    def facts(facts_in: int, kept: int, score: float) -> dict:
+        t = Trajectory("e", "t", "env", "acm", 0, 0, "m", "q", "a")
+        t.score, t.status = score, "answered"
+        t.compute_metrics()
+        t.metrics |= {"summary_facts_in": facts_in, "summary_facts_kept": kept}
+        return episode_facts(t, score, {"success": score})
+
+    m = rollout_metrics([facts(4, 3, 1.0), facts(2, 0, 0.0), facts(0, 0, 0.0)])
+    assert m["rollout/fact_retention"] == 0.5 and m["rollout/success"] == pytest.approx(1 / 3)
+    assert math.isnan(rollout_metrics([facts(0, 0, 1.0)])["rollout/fact_retention"])
 
 
 def test_cli_runs_grpo_on_kb_search(tmp_path, tiny_model_dir):

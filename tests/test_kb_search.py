@@ -58,6 +58,21 @@ def test_oracle_answers_every_question(env_name, request):
         assert session.score("certainly not this") == 0.0
 
 
+def test_key_terms_are_what_the_expert_reads_and_answers(small):
+    """What a summary is scored on keeping: every name of the chain, the birth year, the
+    documents the expert opens and the answer; each occurs in what the expert reads."""
+    for task in small.tasks("eval"):
+        terms = small.key_terms(task)
+        plan = small.oracle_plan(task)
+        opened = [args["doc_id"] for name, args in plan if name == "open"]
+        assert terms == list(dict.fromkeys(terms))
+        assert set(task.metadata["entities"]) | {task.answer} | set(opened) <= set(terms)
+        assert re.fullmatch(r"\d{4}", terms[len(task.metadata["entities"])])
+        session = small.session(task)
+        read = "\n".join(str(session.call(name, args)) for name, args in plan[:-1])
+        assert all(t in read for t in terms), task.id
+
+
 def test_the_first_fact_is_needed_at_the_end(small):
     """The birth year is read in the first document and picks the event in the last town's:
     the expert looks it up with a search for the town and the year, whose event document states

@@ -272,6 +272,37 @@ def test_repeat_rule_runs_a_call_again_once_its_result_was_compacted_away(env, t
     assert results[2].startswith("You already called search with these arguments on turn 3")
 
 
+def test_summaries_are_scored_on_the_needed_facts_they_keep(env, tiny):
+    """The issue's "share of needed facts that survive a summary": each summary counts the
+    task's key terms in the steps it replaced (and nowhere else in the context) and those it
+    kept; the episode, the eval report and GRPO's metrics sum them."""
+    task = env.tasks("eval")[0]
+    plan = env.oracle_plan(task)
+    person, town, year, event, doc, event_doc = env.key_terms(task)
+    assert (plan[1][1]["doc_id"], plan[3][1]["doc_id"]) == (doc, event_doc)
+    assert person in task.prompt and year in plan[2][1]["query"]
+    compact = ("manage_context", {})
+    script = calls([*plan[:2], compact, *plan[2:4], compact, plan[4]])
+    ep = episode(env, task, "acm", tiny.tokenizer, max_context_tokens=4096)
+    # the first summary keeps the town and drops the year; the second keeps the event
+    summaries = [f"- The home town is {town}.", f"- Read {event_doc}: {event}."]
+    helper = ScriptedEngine(tiny.tokenizer, replay({f"{ep.id}/summariser": summaries}))
+    policy = ScriptedEngine(tiny.tokenizer, replay({ep.id: script}))
+    run_episodes([ep], policy, helper_engine=helper)
+    traj = ep.traj
+    assert traj.score == 1.0, traj.error
+    first, second = [e for s in traj.steps for e in s.events]
+    # the person is in the task prompt, so only the town, year and document ids had to be kept
+    assert (first.facts_in, first.facts_kept) == (3, 1)  # town, year, doc: kept the town
+    # the town stays in view (the first summary); the year, the person's document (listed by
+    # the lookup search again), the event's document and the event had to be kept: 2 of 4
+    assert (second.facts_in, second.facts_kept) == (4, 2)
+    assert traj.metrics["summary_facts_in"] == first.facts_in + second.facts_in
+    assert traj.metrics["summary_facts_kept"] == 3
+    again = Trajectory.from_dict(json.loads(json.dumps(traj.to_dict())))
+    assert again.steps[2].events[0].facts_in == 3
+
+
 def test_text_call_rule_turns_a_call_written_as_text_into_an_error(env, tiny):
     """Session 22's GRPO failure: after a compaction the student copied its summary's plan,
     'open({"doc_id": ...})', as plain text, which ended the episode with that as its answer."""

@@ -11,6 +11,7 @@ expert would make; the oracle teacher and the tests replay it.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -149,6 +150,28 @@ class Environment:
 
     def oracle_plan(self, task: Task) -> Plan:
         raise NotImplementedError
+
+    def key_terms(self, task: Task) -> list[str]:
+        """The strings an agent must carry through a compaction to finish ``task``: what its
+        summaries are measured on (:func:`acmrl.rollout.records.terms_kept`). By default the
+        documents and files the expert's plan reads (``doc_id`` / ``path`` arguments) and the
+        accepted answers; strings under two characters are left out (they match anywhere).
+
+        >>> class Docs(Environment):
+        ...     def oracle_plan(self, task):
+        ...         return [("search", {"query": "the author"}), ("open", {"doc_id": "d7"}),
+        ...                 ("answer", {"text": task.answer[0]})]
+        >>> Docs().key_terms(Task("t", "Who wrote it?", ["Ann Lee", "A. Lee"]))
+        ['d7', 'Ann Lee', 'A. Lee']
+        """
+        try:
+            plan = self.oracle_plan(task)
+        except NotImplementedError:
+            plan = []
+        read = [args[k] for _, args in plan for k in ("doc_id", "path") if k in args]
+        answers = task.answer if isinstance(task.answer, list) else [task.answer]
+        terms = [str(t).strip() for t in [*read, *answers]]
+        return list(dict.fromkeys(t for t in terms if len(t) >= 2 and re.search(r"\w", t)))
 
     def score(self, task: Task, answer: str | None) -> float:
         """The task score of ``answer``: the judge's when one is configured, else the metric."""

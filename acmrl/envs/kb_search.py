@@ -499,6 +499,15 @@ class KBSearch(Environment):
         plan.append(("answer", {"text": event.name}))
         return plan
 
+    def key_terms(self, task: Task) -> list[str]:
+        """Every name of the chain, the birth year the lookup needs, the event (the answer) and
+        the documents the expert reads: what a summary must keep for the rest of the task."""
+        meta = self._meta[task.id]
+        chain, event = meta["chain"], meta["event"]
+        terms = [e.name for e in chain] + [str(chain[0].attrs["born"]), event.name]
+        opened = [str(args["doc_id"]) for name, args in self.oracle_plan(task) if name == "open"]
+        return list(dict.fromkeys(terms + opened))
+
     def event_lookup(self, task: Task) -> str | None:
         """The search that finds the answer's event from what the chain's documents say (the
         town and the birth year), or None when no such query shows it among the results."""

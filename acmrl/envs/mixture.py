@@ -72,6 +72,9 @@ class Mixture(Environment):
     def oracle_plan(self, task: Task) -> Plan:
         return self._of(task).oracle_plan(task)
 
+    def key_terms(self, task: Task) -> list[str]:
+        return self._of(task).key_terms(task)
+
     def score(self, task: Task, answer: str | None) -> float:
         return self._of(task).score(task, answer)
 

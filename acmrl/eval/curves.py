@@ -5,11 +5,12 @@ eval folders of successive stages (base, SFT, each teacher round, GRPO: whatever
 writes, next to each other:
 
 - ``curves.md``: one row per (stage, arm): Pass@1 with its Wilson interval, valid-call rate,
-  malformed calls, overflow, compactions, mean compaction point (context before / budget) and
-  Compaction Cost per episode;
+  malformed calls, overflow, compactions, mean compaction point (context before / budget), the
+  share of needed facts its summaries kept, and Compaction Cost per episode;
 - ``curves.png``: held-out Pass@1, valid-call rate and overflow per stage, one line per arm;
 - ``grpo.png`` (when a GRPO run's ``metrics.jsonl`` is given): mean reward, success, Compaction
-  Cost (in budgets) and mean compaction point per step.
+  Cost (in budgets), mean compaction point and the share of needed facts the summaries kept,
+  per step.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ COLUMNS = [
     ("overflow", "overflow", ".2f"),
     ("compactions", "compactions/ep", ".2f"),
     ("compaction_point", "compaction point", ".2f"),
+    ("fact_retention", "facts kept", ".2f"),
     ("compaction_cost", "Compaction Cost/ep", ".0f"),
 ]
 
@@ -58,8 +60,9 @@ def curves_markdown(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         cells = [r["stage"], r["arm"], str(r["episodes"])]
         for key, _, fmt in COLUMNS:
-            value = r.get(key, float("nan"))
-            cell = "-" if value != value else format(value, fmt)  # NaN: no compaction
+            value = r.get(key)
+            # NaN / None: no compaction, or no summary that had a fact to keep
+            cell = "-" if value is None or value != value else format(value, fmt)
             if key == "pass@1":
                 cell += f" [{r['pass@1_low']:.2f}, {r['pass@1_high']:.2f}]"
             cells.append(cell)
@@ -107,8 +110,9 @@ def plot_grpo(metrics: list[dict[str, Any]], path: Path) -> None:
         ("rollout/success", "success"),
         ("reward/compaction_cost", "Compaction Cost (budgets)"),
         ("rollout/compaction_point", "mean compaction point"),
+        ("rollout/fact_retention", "needed facts kept by summaries"),
     ]
-    fig, axes = plt.subplots(1, len(panels), figsize=(15, 3.5))
+    fig, axes = plt.subplots(1, len(panels), figsize=(18, 3.5))
     for ax, (key, label) in zip(axes, panels, strict=True):
         ax.plot(steps, [m.get(key, float("nan")) for m in metrics], marker=".")
         ax.set_xlabel("GRPO step")

@@ -119,6 +119,8 @@ def episode_row(t: Trajectory, budget: int) -> dict[str, Any]:
         "cost_call_tokens": sum(e.call_tokens for e in events),
         "cost_helper_tokens": sum(e.helper_tokens for e in events),
         "cost_cache_tokens": sum(e.cache_cost for e in events),
+        "summary_facts_in": sum(e.facts_in for e in events),
+        "summary_facts_kept": sum(e.facts_kept for e in events),
         "policy_prompt_tokens": prompt,
         "cached_tokens": measured,
         "reusable_tokens": bound,
@@ -224,6 +226,11 @@ def arm_summary(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
         if wins
         else 0.0,
         "compaction_point": sum(points) / len(points) if points else 0.0,
+        # of the task's key terms that a summary replaced, the share it kept (None: no summary
+        # had to keep one); the counts over all the arm's summaries
+        "summary_facts_in": sum(r.get("summary_facts_in", 0) for r in rows),
+        "summary_facts_kept": sum(r.get("summary_facts_kept", 0) for r in rows),
+        "fact_retention": fact_retention(rows),
         "cache_reuse": sum(r["cached_tokens"] for r in rows) / prompt if prompt else 0.0,
         "cache_reuse_bound": sum(r["reusable_tokens"] for r in rows) / prompt if prompt else 0.0,
         "summariser_calls": _mean(rows, "summariser_calls"),
@@ -237,6 +244,20 @@ def arm_summary(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
         samples = [(len(v), int(sum(v))) for v in by_task.values()]
         out[f"pass@{k}"] = sum(pass_at_k(n_, c, k) for n_, c in samples) / len(samples)
     return out
+
+
+def fact_retention(rows: list[dict[str, Any]]) -> float | None:
+    """Of the needed facts (the task's key terms) in the steps the rows' summaries replaced, the
+    share the summaries kept; None when no summary had one to keep.
+
+    >>> fact_retention([{"summary_facts_in": 3, "summary_facts_kept": 2},
+    ...                 {"summary_facts_in": 1, "summary_facts_kept": 1}])
+    0.75
+    >>> fact_retention([{"summary_facts_in": 0, "summary_facts_kept": 0}]) is None
+    True
+    """
+    n_in = sum(r.get("summary_facts_in", 0) for r in rows)
+    return sum(r.get("summary_facts_kept", 0) for r in rows) / n_in if n_in else None
 
 
 def _rel(new: float, base: float) -> float | None:
@@ -309,6 +330,16 @@ def reading_notes(report: dict[str, Any]) -> list[str]:
                 "sent, so its peak counts only the inputs before it: peak tokens understate "
                 "what the arm would have needed."
             )
+    kept = [a for a, s in arms.items() if s.get("fact_retention") is not None]
+    if kept:
+        notes.append(
+            "Facts kept by summaries: of the task's key terms (`key_terms` of the environment; "
+            "kb_search: the chain's names, the birth year, the event and the documents to read) "
+            "that were in the steps a summary replaced and nowhere else in the context, how many "
+            "the summary kept: "
+            + ", ".join(f"{a} {arms[a]['fact_retention']:.2f}" for a in kept)
+            + ". A needed fact a summary drops can only come back by reading it again."
+        )
     small = [a for a, s in arms.items() if s["episodes"] < 30]
     if small:
         widths = ", ".join(

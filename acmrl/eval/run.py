@@ -125,6 +125,8 @@ EPISODE_FIELDS = [
     "reusable_tokens",
     "summariser_calls",
     "summariser_tokens",
+    "summary_facts_in",
+    "summary_facts_kept",
     "querier_calls",
     "querier_tokens",
     "wall_s",
@@ -172,6 +174,7 @@ CSV_FIELDS = [
     "cache_reuse_bound",
     "summariser_calls",
     "summariser_tokens",
+    "fact_retention",
     "querier_calls",
     "querier_tokens",
     "overflow",
@@ -273,6 +276,7 @@ def detail_table(report: dict[str, Any]) -> str:
         "cache reuse",
         "reuse bound",
         "summariser calls (tok)",
+        "facts kept by summaries",
         "querier calls (tok)",
         "wall s/ep",
     ]
@@ -293,11 +297,19 @@ def detail_table(report: dict[str, Any]) -> str:
             f"{s['cache_reuse']:.2f}",
             f"{s['cache_reuse_bound']:.2f}",
             f"{s['summariser_calls']:.2f} ({s['summariser_tokens']:.0f})",
+            facts_cell(s),
             f"{s['querier_calls']:.2f} ({s['querier_tokens']:.0f})",
             f"{s['wall_s']:.1f}",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def facts_cell(s: dict[str, Any]) -> str:
+    """An arm's fact retention with its counts, ``kept/in (share)``; ``-`` without summaries."""
+    if s.get("fact_retention") is None:
+        return "-"
+    return f"{s['summary_facts_kept']}/{s['summary_facts_in']} ({s['fact_retention']:.2f})"
 
 
 def overflow_rule(meta: dict[str, Any]) -> str:

@@ -40,7 +40,7 @@ from acmrl.context.state import (
 from acmrl.engines.base import Completion, Request
 from acmrl.envs.base import ANSWER_TOOL, Environment, Task
 from acmrl.rollout import prompts
-from acmrl.rollout.records import ContextEvent, ModelCall, Step, Trajectory
+from acmrl.rollout.records import ContextEvent, ModelCall, Step, Trajectory, terms_kept
 
 MiB = 1024 * 1024
 
@@ -87,6 +87,7 @@ class Episode:
         self._pending: list[_Pending] = []  # context events waiting for the next input
         # environment call -> (turn, call id) of its latest run
         self._env_calls: dict[tuple[str, str], tuple[int, str]] = {}
+        self._key_terms: list[str] | None = None  # env.key_terms(task), at the first summary
         self._resume: Callable[[Completion], None] | None = None
         self.pending_role = "policy"
         self._step: Step | None = None
@@ -263,7 +264,7 @@ class Episode:
         items = self.state[start:]
         self.phase = "generate"  # resumes there once the summary is in
 
-        def done(summary: str, helper: ModelCall) -> None:
+        def done(summary: str, helper: ModelCall, facts: dict[str, int]) -> None:
             assert self.archive is not None
             sid = self.archive.put(items, summary)
             self.state = [*self.state[:start], prompts.summary_item(summary, sid)]
@@ -276,11 +277,12 @@ class Episode:
                     helper,
                     summary_id=sid,
                     detail=f"forced at {self.agent.force_compaction:.0%} of the budget",
+                    **facts,
                 )
             )
             self.traj.steps.append(step)
 
-        return self._summarise(items, done)
+        return self._summarise(items, self.state[:start], done)
 
     def _after_policy(self, ids: list[int], c: Completion) -> None:
         call = self._record("policy", ids, c)
@@ -492,17 +494,29 @@ class Episode:
         last = max((i for i, item in enumerate(self.state) if prompts.is_summary(item)), default=0)
         return last + 1
 
-    def _summarise(self, items: State, on_done: Callable[[str, ModelCall], None]) -> Request:
-        text = prompts.summariser_prompt(self.agent).format(
-            task=self.task.prompt, steps=prompts.items_text(items)
-        )
+    def _summarise(
+        self,
+        items: State,
+        kept: State,
+        on_done: Callable[[str, ModelCall, dict[str, int]], None],
+    ) -> Request:
+        """Ask the summariser for a summary of ``items``; ``on_done`` gets it, its call and
+        the needed facts it kept (``facts_in`` / ``facts_kept`` of the event: the task's key
+        terms in ``items`` and not in ``kept``, the context that stays)."""
+        steps = prompts.items_text(items)
+        text = prompts.summariser_prompt(self.agent).format(task=self.task.prompt, steps=steps)
         ids = self._helper_ids(prompts.SUMMARISER_SYSTEM, text)
-        return self._ask(
-            "summariser",
-            ids,
-            self.agent.summary_max_tokens,
-            lambda c: on_done(c.text.strip(), self._record("summariser", ids, c)),
-        )
+        if self._key_terms is None:
+            self._key_terms = self.env.key_terms(self.task)
+        terms = self._key_terms
+
+        def done(c: Completion) -> None:
+            summary = c.text.strip()
+            n_in, n_kept = terms_kept(terms, steps, summary, prompts.items_text(kept))
+            facts = {"facts_in": n_in, "facts_kept": n_kept}
+            on_done(summary, self._record("summariser", ids, c), facts)
+
+        return self._ask("summariser", ids, self.agent.summary_max_tokens, done)
 
     def _manage_context(self, call_id: str, call_tokens: int) -> Request | None:
         start, call_item = self._boundary(), self.state[-1]
@@ -511,16 +525,16 @@ class Episode:
             self._output(call_id, "Nothing to compact: no steps since the last summary.")
             return None
 
-        def done(summary: str, helper: ModelCall) -> None:
+        def done(summary: str, helper: ModelCall, facts: dict[str, int]) -> None:
             assert self.archive is not None and self._step is not None
             sid = self.archive.put(items, summary)
             self.state = [*self.state[:start], prompts.summary_item(summary, sid), call_item]
-            event = self._event("manage_context", call_tokens, helper, summary_id=sid)
+            event = self._event("manage_context", call_tokens, helper, summary_id=sid, **facts)
             self._step.helper_calls.append(helper)
             self._step.events.append(event)
             self._output(call_id, f"Compacted {len(items)} items into summary {sid}.")
 
-        return self._summarise(items, done)
+        return self._summarise(items, self.state[:start], done)
 
     def _query_memory(self, call_id: str, args: dict[str, Any], call_tokens: int) -> Request | None:
         assert self.archive is not None
@@ -582,16 +596,16 @@ class Episode:
     def _on_summarise(self) -> Request | None:
         items = self.state[1:]
 
-        def done(summary: str, helper: ModelCall) -> None:
+        def done(summary: str, helper: ModelCall, facts: dict[str, int]) -> None:
             self.state = [self.state[0], prompts.summary_item(summary or "(empty)", None)]
             step = Step(self.turn, None, origin="harness")
             step.helper_calls.append(helper)
-            step.events.append(self._event("summary", 0, helper))
+            step.events.append(self._event("summary", 0, helper, **facts))
             self.traj.steps.append(step)
             self.phase = "generate"
 
         self.phase = "generate"  # resumes there once the summary is in
-        return self._summarise(items, done)
+        return self._summarise(items, self.state[:1], done)
 
     # -- evolve -----------------------------------------------------------------------------------
 

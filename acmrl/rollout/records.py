@@ -10,6 +10,7 @@ edits are marked ``teacher``, everything else in a prompt came from the environm
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -46,6 +47,30 @@ class ContextEvent:
     applied: bool = True
     summary_id: str | None = None
     detail: str = ""
+    # a summary's needed facts (the task's key terms): those in the steps it replaced and not
+    # elsewhere in the context, and how many of them it kept (:func:`terms_kept`)
+    facts_in: int = 0
+    facts_kept: int = 0
+
+
+def _has(term: str, text: str) -> bool:
+    words = [re.escape(w) for w in term.split()]
+    pattern = r"(?<!\w)" + r"\s+".join(words) + r"(?!\w)"
+    return bool(words) and re.search(pattern, text, re.IGNORECASE) is not None
+
+
+def terms_kept(terms: list[str], steps: str, summary: str, context: str = "") -> tuple[int, int]:
+    """How many of ``terms`` a summary had to keep, and how many it kept: those that occur in
+    the ``steps`` it replaces but nowhere in the ``context`` that stays (the task, earlier
+    summaries), and of those, the ones ``summary`` has. Whole words, any case, any spacing.
+
+    >>> steps = "call open(kb-00030) result: Volis Wiox was born in 1971."
+    >>> terms_kept(["Volis Wiox", "1971", "kb-00030", "kb-00097"], steps, "- Born in 1971.",
+    ...            context="Where was Volis Wiox born?")
+    (2, 1)
+    """
+    needed = [t for t in terms if _has(t, steps) and not _has(t, context)]
+    return len(needed), sum(_has(t, summary) for t in needed)
 
 
 @dataclass
@@ -135,6 +160,8 @@ class Trajectory:
             "generated_tokens": sum(len(c.completion_ids) for c in calls + helpers),
             "compaction_cost": sum(e.compaction_cost for e in events),
             "cache_cost": sum(e.cache_cost for e in events),
+            "summary_facts_in": sum(e.facts_in for e in events),
+            "summary_facts_kept": sum(e.facts_kept for e in events),
             "wall_s": self.metrics.get("wall_s", 0.0),  # set by the worker: batches share calls
             "budget": self.metrics.get("budget", 0),  # set by the episode
         }

@@ -67,6 +67,8 @@ def episode_facts(traj: Trajectory, reward: float, terms: dict[str, float]) -> d
                 "prompt_tokens",
                 "reused_tokens",
                 "compaction_cost",
+                "summary_facts_in",
+                "summary_facts_kept",
             )
         },
         # where the policy compacts (context before / budget)
@@ -109,6 +111,13 @@ def rollout_metrics(facts: list[dict[str, Any]]) -> dict[str, float]:
     out["rollout/compaction_point"] = sum(points) / len(points) if points else float("nan")
     out["rollout/compaction_cost_per_success"] = (
         sum(f["metrics"]["compaction_cost"] for f in wins) / len(wins) if wins else float("nan")
+    )
+    # how well the summaries written in the step kept the task's needed facts
+    facts_in = sum(f["metrics"]["summary_facts_in"] for f in facts)
+    out["rollout/fact_retention"] = (
+        sum(f["metrics"]["summary_facts_kept"] for f in facts) / facts_in
+        if facts_in
+        else float("nan")
     )
     out["rollout/episodes"] = len(facts)
     return out
