@@ -209,8 +209,9 @@ def test_every_arm_on_kb_search_tiny_driven_by_the_oracle(tmp_path, tokenizer):
     print((tmp_path / "all" / "report.md").read_text().split("\n## Details")[0])
 
 
-def _versus_folder(folder, episodes):
-    """An eval folder holding ``episodes``: (task, success, compaction cost, points)."""
+def _versus_folder(folder, episodes, facts=None):
+    """An eval folder holding ``episodes``: (task, success, compaction cost, points); each
+    compaction's summary had ``facts`` = (needed facts in, kept) when given."""
     import json
 
     folder.mkdir(parents=True)
@@ -223,6 +224,7 @@ def _versus_folder(folder, episodes):
                 "tokens_before": int(p * 1000),
                 "compaction_cost": cost / max(1, len(points)),
             }
+            | ({"facts_in": facts[0], "facts_kept": facts[1]} if facts else {})
             for p in points
         ]
         lines.append(
@@ -262,6 +264,12 @@ def test_versus_start_reports_reward_cost_per_success_and_compaction_point(tmp_p
     assert "| acm | mean compaction point | 0.867 | 0.600 | -0.267 | |" in text
     assert "| acm | Pass@1 | 0.667 | 1.000 | +0.333 |" in text
     assert "the bar is met" in text
+    assert "needed facts kept" not in text  # recorded by neither (episodes before the counts)
+    _versus_folder(
+        tmp_path / "kept", [("t1", True, 600, [0.6, 0.7]), ("t2", False, 600, [0.6])], (3, 2)
+    )
+    kept = versus_start(tmp_path / "start", tmp_path / "kept", w)
+    assert "| acm | needed facts kept by summaries | - | 0.667 | - | |" in kept
     # the reverse direction: dearer successes, lower reward
     back = versus_start(tmp_path / "trained", tmp_path / "start", w)
     assert "+67%" in back and "mean reward not up" in back and "the bar is not met" in back

@@ -4,7 +4,8 @@
 GRPO run is meant to change, per arm they share: Pass@1 and the mean reward (the run's own
 reward weights, applied to the held-out episodes), each with a paired bootstrap interval over
 the tasks both evaluated; the Compaction Cost per successful episode with its relative change;
-and the mean compaction point (context before / budget) of both. A last line says whether the
+the mean compaction point (context before / budget) of both; and, where the episodes recorded
+it, the share of needed facts their summaries kept. A last line says whether the
 run met the bar of seed 000's claim as issue 14 states it: reward up, Compaction Cost per
 success down by at least ``cost_drop``, at equal or better Pass@1 (read as: no significant
 drop, i.e. the paired interval of trained - start reaches 0 or above).
@@ -16,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from acmrl.eval.report import paired_bootstrap, per_task
+from acmrl.eval.report import fact_retention, paired_bootstrap, per_task
 from acmrl.rewards import RewardWeights, compaction_points, trajectory_reward
 
 
@@ -30,19 +31,20 @@ def _episodes(folder: Path) -> list[dict[str, Any]]:
 def episode_figures(
     traj: dict[str, Any], weights: RewardWeights, output_weight: float = 1.0
 ) -> dict[str, Any]:
-    """Success, reward, Compaction Cost and compaction points of one trajectory dict."""
+    """Success, reward, Compaction Cost, compaction points and the summaries' needed facts
+    (in / kept) of one trajectory dict."""
     m = traj.get("metrics", {})
     budget = int(m.get("budget") or 0)
     reward, _ = trajectory_reward(traj, budget, weights, output_weight=output_weight)
-    points = compaction_points(
-        (e for s in traj.get("steps", []) for e in s.get("events", [])), budget
-    )
+    events = [e for s in traj.get("steps", []) for e in s.get("events", [])]
     return {
         "task_id": traj["task_id"],
         "success": float(float(traj.get("score", 0.0)) >= 1.0),
         "reward": reward,
         "cost": float(m.get("compaction_cost", 0.0)),
-        "points": points,
+        "points": compaction_points(events, budget),
+        "summary_facts_in": sum(e.get("facts_in", 0) for e in events),
+        "summary_facts_kept": sum(e.get("facts_kept", 0) for e in events),
     }
 
 
@@ -56,7 +58,16 @@ def arm_figures(rows: list[dict[str, Any]]) -> dict[str, float]:
         "reward": sum(r["reward"] for r in rows) / n,
         "cost_per_success": sum(r["cost"] for r in wins) / len(wins) if wins else float("nan"),
         "compaction_point": sum(points) / len(points) if points else float("nan"),
+        "fact_retention": _or_nan(fact_retention(rows)),
     }
+
+
+def _or_nan(x: float | None) -> float:
+    return float("nan") if x is None else x
+
+
+def _num(x: float, fmt: str = ".3f") -> str:
+    return "-" if x != x else format(x, fmt)
 
 
 def versus_start(
@@ -104,6 +115,12 @@ def versus_start(
             f"{fb['compaction_point']:.3f} | "
             f"{fb['compaction_point'] - fa['compaction_point']:+.3f} | |",
         ]
+        ka, kb = fa["fact_retention"], fb["fact_retention"]
+        if ka == ka or kb == kb:  # recorded by either (NaN: no summary had a fact to keep)
+            lines.append(
+                f"| {arm} | needed facts kept by summaries | {_num(ka)} | {_num(kb)} | "
+                f"{_num(kb - ka, '+.3f')} | |"
+            )
         reward_up = fb["reward"] > fa["reward"]
         cheaper = rel == rel and rel <= -cost_drop
         not_worse = p_pass.high >= 0
