@@ -303,6 +303,23 @@ def test_summaries_are_scored_on_the_needed_facts_they_keep(env, tiny):
     assert again.steps[2].events[0].facts_in == 3
 
 
+def test_a_failing_key_terms_warns_and_the_episode_goes_on(env, tiny, monkeypatch):
+    """A user environment whose key_terms (or oracle plan) raises loses the measurement, not
+    the episode."""
+    task = env.tasks("eval")[0]
+    plan = env.oracle_plan(task)
+
+    def broken(task):
+        raise KeyError("no plan for this task")
+
+    monkeypatch.setattr(env, "key_terms", broken)
+    ep = episode(env, task, "acm", tiny.tokenizer, max_context_tokens=4096, summary_max_tokens=8)
+    with pytest.warns(UserWarning, match="key_terms failed on .*not scored"):
+        traj = play(ep, calls([*plan[:2], ("manage_context", {}), *plan[2:]]), tiny)
+    assert traj.score == 1.0 and traj.metrics["compactions"] == 1
+    assert traj.metrics["summary_facts_in"] == 0
+
+
 def test_text_call_rule_turns_a_call_written_as_text_into_an_error(env, tiny):
     """Session 22's GRPO failure: after a compaction the student copied its summary's plan,
     'open({"doc_id": ...})', as plain text, which ended the episode with that as its answer."""

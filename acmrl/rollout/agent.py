@@ -19,6 +19,7 @@ context event with the cost figures of DESIGN.md.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -507,7 +508,15 @@ class Episode:
         text = prompts.summariser_prompt(self.agent).format(task=self.task.prompt, steps=steps)
         ids = self._helper_ids(prompts.SUMMARISER_SYSTEM, text)
         if self._key_terms is None:
-            self._key_terms = self.env.key_terms(self.task)
+            try:
+                self._key_terms = self.env.key_terms(self.task)
+            except Exception as exc:  # a measurement never ends an episode
+                warnings.warn(
+                    f"{self.env.name}.key_terms failed on {self.task.id} ({exc!r}): its "
+                    "summaries are not scored for the facts they keep",
+                    stacklevel=2,
+                )
+                self._key_terms = []
         terms = self._key_terms
 
         def done(c: Completion) -> None:
