@@ -34,7 +34,7 @@ from typing import Any
 from acmrl.config import ARMS
 from acmrl.context.prefix import reusable_prefix
 from acmrl.rewards import compress_loops
-from acmrl.rollout.records import Trajectory
+from acmrl.rollout.records import Trajectory, fact_retention
 
 
 def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -244,20 +244,6 @@ def arm_summary(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
         samples = [(len(v), int(sum(v))) for v in by_task.values()]
         out[f"pass@{k}"] = sum(pass_at_k(n_, c, k) for n_, c in samples) / len(samples)
     return out
-
-
-def fact_retention(rows: list[dict[str, Any]]) -> float | None:
-    """Of the needed facts (the task's key terms) in the steps the rows' summaries replaced, the
-    share the summaries kept; None when no summary had one to keep.
-
-    >>> fact_retention([{"summary_facts_in": 3, "summary_facts_kept": 2},
-    ...                 {"summary_facts_in": 1, "summary_facts_kept": 1}])
-    0.75
-    >>> fact_retention([{"summary_facts_in": 0, "summary_facts_kept": 0}]) is None
-    True
-    """
-    n_in = sum(r.get("summary_facts_in", 0) for r in rows)
-    return sum(r.get("summary_facts_kept", 0) for r in rows) / n_in if n_in else None
 
 
 def _rel(new: float, base: float) -> float | None:

@@ -17,8 +17,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from acmrl.eval.report import fact_retention, paired_bootstrap, per_task
+from acmrl.eval.report import paired_bootstrap, per_task
 from acmrl.rewards import RewardWeights, compaction_points, trajectory_reward
+from acmrl.rollout.records import fact_retention
 
 
 def _episodes(folder: Path) -> list[dict[str, Any]]:
@@ -48,7 +49,7 @@ def episode_figures(
     }
 
 
-def arm_figures(rows: list[dict[str, Any]]) -> dict[str, float]:
+def arm_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     n = max(1, len(rows))
     wins = [r for r in rows if r["success"]]
     points = [p for r in rows for p in r["points"]]
@@ -58,16 +59,12 @@ def arm_figures(rows: list[dict[str, Any]]) -> dict[str, float]:
         "reward": sum(r["reward"] for r in rows) / n,
         "cost_per_success": sum(r["cost"] for r in wins) / len(wins) if wins else float("nan"),
         "compaction_point": sum(points) / len(points) if points else float("nan"),
-        "fact_retention": _or_nan(fact_retention(rows)),
+        "fact_retention": fact_retention(rows),  # None: no summary had a fact to keep
     }
 
 
-def _or_nan(x: float | None) -> float:
-    return float("nan") if x is None else x
-
-
-def _num(x: float, fmt: str = ".3f") -> str:
-    return "-" if x != x else format(x, fmt)
+def _num(x: float | None, fmt: str = ".3f") -> str:
+    return "-" if x is None else format(x, fmt)
 
 
 def versus_start(
@@ -116,10 +113,11 @@ def versus_start(
             f"{fb['compaction_point'] - fa['compaction_point']:+.3f} | |",
         ]
         ka, kb = fa["fact_retention"], fb["fact_retention"]
-        if ka == ka or kb == kb:  # recorded by either (NaN: no summary had a fact to keep)
+        if ka is not None or kb is not None:  # recorded by either side
+            diff = kb - ka if ka is not None and kb is not None else None
             lines.append(
                 f"| {arm} | needed facts kept by summaries | {_num(ka)} | {_num(kb)} | "
-                f"{_num(kb - ka, '+.3f')} | |"
+                f"{_num(diff, '+.3f')} | |"
             )
         reward_up = fb["reward"] > fa["reward"]
         cheaper = rel == rel and rel <= -cost_drop

@@ -73,6 +73,20 @@ def terms_kept(terms: list[str], steps: str, summary: str, context: str = "") ->
     return len(needed), sum(_has(t, summary) for t in needed)
 
 
+def fact_retention(rows: list[dict[str, Any]]) -> float | None:
+    """Of the needed facts (the task's key terms) in the steps the rows' summaries replaced, the
+    share the summaries kept; None when no summary had one to keep.
+
+    >>> fact_retention([{"summary_facts_in": 3, "summary_facts_kept": 2},
+    ...                 {"summary_facts_in": 1, "summary_facts_kept": 1}])
+    0.75
+    >>> fact_retention([{"summary_facts_in": 0, "summary_facts_kept": 0}]) is None
+    True
+    """
+    n_in = sum(r.get("summary_facts_in", 0) for r in rows)
+    return sum(r.get("summary_facts_kept", 0) for r in rows) / n_in if n_in else None
+
+
 @dataclass
 class Step:
     turn: int

@@ -15,7 +15,7 @@ from acmrl.envs import Environment
 from acmrl.envs.base import Task
 from acmrl.rewards import RewardWeights
 from acmrl.rollout.agent import Episode
-from acmrl.rollout.records import Trajectory
+from acmrl.rollout.records import Trajectory, fact_retention
 from acmrl.rollout.run import make_episode
 from acmrl.rollout.worker import episode_id
 
@@ -113,11 +113,7 @@ def rollout_metrics(facts: list[dict[str, Any]]) -> dict[str, float]:
         sum(f["metrics"]["compaction_cost"] for f in wins) / len(wins) if wins else float("nan")
     )
     # how well the summaries written in the step kept the task's needed facts
-    facts_in = sum(f["metrics"]["summary_facts_in"] for f in facts)
-    out["rollout/fact_retention"] = (
-        sum(f["metrics"]["summary_facts_kept"] for f in facts) / facts_in
-        if facts_in
-        else float("nan")
-    )
+    kept = fact_retention([f["metrics"] for f in facts])
+    out["rollout/fact_retention"] = float("nan") if kept is None else kept
     out["rollout/episodes"] = len(facts)
     return out
