@@ -173,7 +173,10 @@ def serve(config: ConfigOpt = None, overrides: Overrides = None) -> None:
 
     try:
         engine = HFEngine.from_config(
-            cfg.model, reuse_cache=cfg.engine.reuse_cache, max_batch=cfg.engine.max_batch
+            cfg.model,
+            reuse_cache=cfg.engine.reuse_cache,
+            share_prefix=cfg.engine.share_prefix,
+            max_batch=cfg.engine.max_batch,
         )
     except ModelError as exc:
         fail(str(exc))
@@ -186,7 +189,10 @@ def serve(config: ConfigOpt = None, overrides: Overrides = None) -> None:
         def adapter_engine(path: str) -> HFEngine:
             model = dataclasses.replace(cfg.model, name=path)
             return HFEngine.from_config(
-                model, reuse_cache=cfg.engine.reuse_cache, max_batch=cfg.engine.max_batch
+                model,
+                reuse_cache=cfg.engine.reuse_cache,
+                share_prefix=cfg.engine.share_prefix,
+                max_batch=cfg.engine.max_batch,
             )
 
         adapters = Adapters(adapter_engine, cfg.engine.max_batch, cfg.max_adapters)

@@ -459,6 +459,12 @@ class EngineConfig:
         "compares the arms' context handling with the policy held fixed",
     )
     reuse_cache: bool = option(True, "keep each session's KV cache across turns (hf)")
+    share_prefix: bool = option(
+        True,
+        "hf: a session with little of its own to reuse (a first turn, a helper call) borrows "
+        "the longest prefix another session has read, e.g. the system prompt and tools; outputs "
+        "and reported reuse are unchanged (benchmarks/rollout_throughput.py)",
+    )
     max_batch: int = option(8, "most requests decoded together (hf)", min=1)
     base_urls: list[str] = option(
         [], "openai: server URLs, e.g. http://node1:8000; sessions keep to one"
@@ -711,9 +717,10 @@ class OptimConfig:
     )
     share_prefix: bool = option(
         True,
-        "SFT: batch samples that start alike (same system prompt and tools) and read their "
-        "common prefix once per batch; the prefix counts once against batch_tokens, so a batch "
-        "holds more samples for the same work (benchmarks/sft_learning_speed.py). One process "
+        "SFT and GRPO: batch samples that start alike (same system prompt and tools) and read "
+        "their common prefix once per batch; the prefix counts once against batch_tokens, so a "
+        "batch holds more samples for the same work (benchmarks/sft_learning_speed.py, "
+        "benchmarks/grpo_update.py). One process "
         "only (under DDP the extra forward pass would break its one-forward-per-backward "
         "contract); off with gradient_checkpointing",
     )

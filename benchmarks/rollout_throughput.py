@@ -5,10 +5,12 @@
 The turns are those of expert (oracle) episodes of ``kb_search``: at turn k the model input is the
 rendered State after k tool calls and observations (system prompt and tools included), and the
 model generates ``--new-tokens`` tokens greedily (what it says is not used: the next input follows
-the expert's plan, so every mode does the same work). Four modes:
+the expert's plan, so every mode does the same work). Six modes:
 
-    (a) re-prefill every turn (reuse_cache=False) vs (b) per-session KV-cache reuse, each with
-    batch 1 (episodes one after another) and batch 8 (eight episodes in flight, decoded together).
+    (a) re-prefill every turn (reuse_cache=False), (b) per-session KV-cache reuse
+    (share_prefix=False), (c) the same, and a session's first turn borrows the prefix another
+    session has read (the system prompt and tools; the default), each with batch 1 (episodes
+    one after another) and batch 8 (eight episodes in flight, decoded together).
 
 Printed per mode: episodes/s, prompt tokens processed (prefilled, i.e. not reused) per episode,
 wall time; then the ratios. With its own completion in the history instead of the expert's call,
@@ -39,8 +41,10 @@ def turn_prompts(env, tokenizer, n: int) -> list[list[list[int]]]:
     return out
 
 
-def run_mode(model, tok, episodes, *, reuse: bool, batch: int, new_tokens: int) -> dict[str, float]:
-    engine = HFEngine(model, tok, reuse_cache=reuse, max_batch=batch)
+def run_mode(
+    model, tok, episodes, *, reuse: bool, share: bool, batch: int, new_tokens: int
+) -> dict[str, float]:
+    engine = HFEngine(model, tok, reuse_cache=reuse, share_prefix=share, max_batch=batch)
     processed = generated = 0
     t0 = time.perf_counter()
     for start in range(0, len(episodes), batch):
@@ -57,6 +61,7 @@ def run_mode(model, tok, episodes, *, reuse: bool, batch: int, new_tokens: int) 
         for i, _ in group:
             engine.release(f"ep{i}")
     wall = time.perf_counter() - t0
+    processed -= engine.borrowed_tokens  # read from another session's cache, not prefilled
     return {
         "episodes_per_s": len(episodes) / wall,
         "prefilled_per_episode": processed / len(episodes),
@@ -82,26 +87,41 @@ def main() -> None:
         f"per episode, {args.new_tokens} new tokens per turn, SmolLM2-135M float32"
     )
     results = {}
-    print(f"{'mode':28} {'episodes/s':>11} {'prefilled/episode':>18} {'wall s':>8}")
-    for reuse in (False, True):
+    modes = {
+        "a": (False, False, "re-prefill"),
+        "b": (True, False, "reuse"),
+        "c": (True, True, "reuse + borrowed"),
+    }
+    print(f"{'mode':32} {'episodes/s':>11} {'prefilled/episode':>18} {'wall s':>8}")
+    for key, (reuse, share, label) in modes.items():
         for batch in (1, 8):
-            name = f"({'b' if reuse else 'a'}) {'reuse' if reuse else 're-prefill'}, batch {batch}"
-            r = run_mode(model, tok, episodes, reuse=reuse, batch=batch, new_tokens=args.new_tokens)
-            results[(reuse, batch)] = r
+            r = run_mode(
+                model,
+                tok,
+                episodes,
+                reuse=reuse,
+                share=share,
+                batch=batch,
+                new_tokens=args.new_tokens,
+            )
+            results[(key, batch)] = r
             print(
-                f"{name:28} {r['episodes_per_s']:11.3f} {r['prefilled_per_episode']:18.0f} {r['wall_s']:8.1f}"
+                f"{f'({key}) {label}, batch {batch}':32} {r['episodes_per_s']:11.3f} "
+                f"{r['prefilled_per_episode']:18.0f} {r['wall_s']:8.1f}"
             )
     print("ratios")
     for batch in (1, 8):
-        a, b = results[(False, batch)], results[(True, batch)]
+        for x, y in (("b", "a"), ("c", "b")):
+            a, b = results[(y, batch)], results[(x, batch)]
+            print(
+                f"  batch {batch}: ({x}) / ({y}) episodes/s = "
+                f"{b['episodes_per_s'] / a['episodes_per_s']:.2f}x, "
+                f"prefilled tokens = {b['prefilled_per_episode'] / a['prefilled_per_episode']:.2f}x"
+            )
+    for key in modes:
+        one, eight = results[(key, 1)], results[(key, 8)]
         print(
-            f"  batch {batch}: reuse / re-prefill episodes/s = {b['episodes_per_s'] / a['episodes_per_s']:.2f}x, "
-            f"prefilled tokens = {b['prefilled_per_episode'] / a['prefilled_per_episode']:.2f}x"
-        )
-    for reuse in (False, True):
-        one, eight = results[(reuse, 1)], results[(reuse, 8)]
-        print(
-            f"  {'reuse' if reuse else 're-prefill'}: batch 8 / batch 1 episodes/s = "
+            f"  ({key}): batch 8 / batch 1 episodes/s = "
             f"{eight['episodes_per_s'] / one['episodes_per_s']:.2f}x"
         )
 

@@ -123,3 +123,46 @@ def test_errors_and_session_bookkeeping(model_and_tokenizer):
     assert eng.cached_tokens("a") == 0 and eng.cached_tokens("c") == len(ids) + 2  # LRU evicted a
     eng.release("c")
     assert eng.cached_tokens("c") == 0
+
+
+def test_a_new_session_borrows_the_prefix_another_has_read(model_and_tokenizer):
+    """Episodes start with the same system prompt: a session's first turn reads only what it does
+    not share with a session already read (stored, or earlier in the same batch). Outputs are
+    those of reading everything; ``cached_prefix_tokens`` stays the session's own reuse (0 on a
+    first turn), so a Compaction Cost never depends on the other episodes."""
+    _, tok = model_and_tokenizer
+    system = "You are a research agent. Call one tool at a time and read its result. " * 4
+
+    def chat(text: str) -> list[int]:
+        msgs = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+        return tok.apply_chat_template(
+            msgs, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+
+    a, b = chat("Find the Amber Kite Festival."), chat("Who founded the Salt Road Market?")
+    common = common_prefix(a, b)
+    assert common >= 40
+    plain = engine(model_and_tokenizer, share_prefix=False)
+    expected = [plain.generate([Request(s, p, max_tokens=10)])[0] for s, p in (("a", a), ("b", b))]
+    assert plain.borrowed_tokens == 0
+
+    stored = engine(model_and_tokenizer)  # b's first turn borrows from a's stored session
+    got = [stored.generate([Request(s, p, max_tokens=10)])[0] for s, p in (("a", a), ("b", b))]
+    batched = engine(model_and_tokenizer)  # b borrows from a, read earlier in the same batch
+    together = batched.generate([Request("a", a, max_tokens=10), Request("b", b, max_tokens=10)])
+    for eng, out in ((stored, got), (batched, together)):
+        assert eng.borrowed_tokens == common
+        for x, y in zip(expected, out, strict=True):
+            assert x.completion_ids == y.completion_ids
+            assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+            assert y.cached_prefix_tokens == 0
+    # the borrowing session's next turn reuses its own cache, as any session's does
+    nxt = Request("b", b + got[1].completion_ids, max_tokens=4)
+    again = stored.generate([nxt])[0]
+    assert again.cached_prefix_tokens == len(nxt.prompt_ids) - 1
+    assert again.completion_ids == plain.generate([nxt])[0].completion_ids
+    # a prefix shorter than MIN_BORROWED is read again rather than borrowed
+    short = engine(model_and_tokenizer)
+    short.generate([Request("x", a, max_tokens=2)])
+    short.generate([Request("y", a[:20] + b[common:], max_tokens=2)])
+    assert short.borrowed_tokens == 0

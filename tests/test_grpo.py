@@ -67,6 +67,52 @@ def test_token_batches_respect_the_budget():
         assert len(b) == 1 or longest * len(b) <= 100
 
 
+def test_token_batches_read_a_shared_start_once():
+    """With ``shared``, a micro-batch holds samples of one start and its common prefix counts
+    once, so the same work budget takes more rows; without, rows x longest row."""
+    heads = [list(range(100, 700)), list(range(2000, 2600))]
+    samples = [
+        Sample("e", i, token_ids=heads[i % 2] + [5000 + i] * (50 + i), loss_mask=[0] * 650 + [1])
+        for i in range(12)
+    ]
+    plain = token_batches(samples, budget=1800, max_len=1000)
+    shared = token_batches(samples, budget=1800, max_len=1000, shared=True)
+    assert max(len(b) for b in plain) == 2
+    assert sorted(i for b in shared for i in b) == list(range(12))
+    for b in shared:
+        assert len({i % 2 for i in b}) == 1  # one start per micro-batch
+        lengths = [len(samples[i].token_ids) for i in b]
+        assert lengths == sorted(lengths)  # still in order of length: little padding
+        assert 600 + (max(lengths) - 600) * len(b) <= 1800
+    assert max(len(b) for b in shared) >= 5 and len(shared) < len(plain)
+
+
+def test_grpo_reads_the_shared_prefix_once_and_updates_the_same(
+    tmp_path, peaked_model, target, monkeypatch
+):
+    """optim.share_prefix (the default) reads the group's common prompt once per micro-batch; the
+    losses and rewards are those of the plain forward."""
+    import acmrl.train.loss as loss
+
+    calls = []
+    real = loss._shared_prefix_logits
+
+    def counted(*args):
+        calls.append(args[-1])  # the shared length
+        return real(*args)
+
+    monkeypatch.setattr(loss, "_shared_prefix_logits", counted)
+    kw = dict(optim__max_steps=2, lora__r=4, group_size=4, skip_flat_groups=False)
+    plain = config(tmp_path / "a", peaked_model, target, optim__share_prefix=False, **kw)
+    plain_result = run_grpo(plain, env=TargetEnv(target))
+    assert calls == []
+    shared = run_grpo(config(tmp_path / "b", peaked_model, target, **kw), env=TargetEnv(target))
+    assert calls and min(calls) >= loss.MIN_SHARED_PREFIX
+    assert shared["rewards"] == plain_result["rewards"]
+    assert shared["losses"] == pytest.approx(plain_result["losses"], rel=1e-4, abs=1e-6)
+    assert any(abs(x) > 0 for x in shared["losses"])
+
+
 def test_greedy_sampling_and_served_engines_are_refused():
     with pytest.raises(ConfigError, match="temperature"):
         load_config(GRPOConfig, None, ["sampling.temperature=0"])

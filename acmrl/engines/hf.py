@@ -7,6 +7,13 @@ is cropped to the longest common prefix and only the rest is prefilled. After a 
 ``cached_prefix_tokens`` is the reuse that really happened. With ``reuse_cache=False`` every turn
 is prefilled from scratch (the baseline of ``benchmarks/rollout_throughput.py``).
 
+A session with little or nothing of its own to reuse (its first turn, a helper call) borrows the
+longest prefix another session has read (``share_prefix``): the episodes of one arm start with the
+same system prompt and tool definitions, a GRPO group with the same task, so only the first of
+them reads those tokens. The borrowed prefix is not reported in ``cached_prefix_tokens``, which
+stays the session's own reuse: the Compaction Cost charges what the agent's own context edit
+broke, and must not depend on which other episodes ran beside it. ``borrowed_tokens`` counts it.
+
 A batch is prefilled session by session (only the uncached suffix), then decoded together: the
 caches are left-padded to a common length with an attention mask and explicit positions, one
 token per row per step, and split back per session afterwards. In float32 the greedy output is the
@@ -31,6 +38,8 @@ from acmrl.engines.base import Completion, Engine, EngineError, Request
 from acmrl.models import cache_argument, cache_of
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, kv_heads, seq, head_dim]
+# a prefix is borrowed from another session only when it saves at least this many tokens
+MIN_BORROWED = 32
 
 
 @dataclass
@@ -55,6 +64,11 @@ def _kv_of(cache: Any) -> KV:
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 
+def _length(kv: KV) -> int:
+    """Tokens held in a cache."""
+    return kv[0][0].shape[2]
+
+
 class HFEngine(Engine):
     name = "hf"
 
@@ -68,8 +82,11 @@ class HFEngine(Engine):
         max_sessions: int = 64,
         seed: int = 0,
         drop_finished: bool = True,
+        share_prefix: bool = True,
     ) -> None:
         self.model = model.eval()
+        self.share_prefix = share_prefix  # False: the baseline of benchmarks/rollout_throughput.py
+        self.borrowed_tokens = 0  # prompt tokens read from another session's cache
         self.drop_finished = drop_finished  # False: the baseline of benchmarks/decode_batch.py
         self.tokenizer = tokenizer
         self.reuse_cache = reuse_cache
@@ -131,19 +148,32 @@ class HFEngine(Engine):
             )
 
     @torch.inference_mode()
-    def _prefill(self, req: Request) -> tuple[KV, int, torch.Tensor]:
-        """Crop the session's cache to the reusable prefix and read the rest of the prompt."""
+    def _prefill(
+        self, req: Request, batch: list[_Cached] | None = None
+    ) -> tuple[KV, int, torch.Tensor]:
+        """Crop the session's cache to the reusable prefix and read the rest of the prompt. When
+        another session (a stored one, or one of ``batch`` read before it) shares a longer
+        prefix with the prompt, by at least ``MIN_BORROWED`` tokens, that prefix is borrowed
+        instead; the reuse returned is the session's own either way."""
         entry = self._sessions.pop(req.session_id, None)
         prompt = req.prompt_ids
-        reuse = 0
+        own = 0
         if entry is not None and self.reuse_cache:
-            reuse = min(reusable_prefix(entry.ids, prompt), len(entry.kv[0][0][0, 0]))
-            reuse = min(reuse, len(prompt) - 1)  # at least one token to read, for its logits
-        data = [(k[:, :, :reuse], v[:, :, :reuse]) for k, v in entry.kv] if reuse else None
+            own = min(reusable_prefix(entry.ids, prompt), _length(entry.kv), len(prompt) - 1)
+        source, start = (entry.kv if own else None), own
+        if self.reuse_cache and self.share_prefix:
+            for other in [*self._sessions.values(), *(batch or [])]:
+                if other.ids[:1] != prompt[:1]:
+                    continue
+                n = min(reusable_prefix(other.ids, prompt), _length(other.kv), len(prompt) - 1)
+                if n >= start + MIN_BORROWED:
+                    source, start = other.kv, n
+            self.borrowed_tokens += start - own
+        data = [(k[:, :, :start], v[:, :, :start]) for k, v in source] if start else None
         cache = DynamicCache(ddp_cache_data=data, config=self.model.config)
-        ids = torch.tensor([prompt[reuse:]], device=self.device)
+        ids = torch.tensor([prompt[start:]], device=self.device)
         out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
-        return _kv_of(cache_of(out)), reuse, out.logits[0, -1].float()
+        return _kv_of(cache_of(out)), own, out.logits[0, -1].float()
 
     def _sample(self, row: _Row, logits: torch.Tensor) -> None:
         req = row.req
@@ -178,9 +208,11 @@ class HFEngine(Engine):
     def _generate_batch(self, requests: list[Request]) -> list[Completion]:
         t0 = time.perf_counter()
         rows: list[_Row] = []
+        read: list[_Cached] = []  # the batch's prompts read so far, which later rows may borrow
         for req in requests:
             self._check(req)
-            kv, cached, logits = self._prefill(req)
+            kv, cached, logits = self._prefill(req, read)
+            read.append(_Cached(req.prompt_ids, kv))
             seed = req.seed if req.seed is not None else self._seeds.getrandbits(63)
             gen = torch.Generator(device="cpu").manual_seed(seed)
             row = _Row(req, kv, len(req.prompt_ids), cached, gen, [], [])

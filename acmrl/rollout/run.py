@@ -52,7 +52,11 @@ def make_engine(cfg: Any) -> Engine:
     from acmrl.engines.hf import HFEngine
 
     return HFEngine.from_config(
-        cfg.model, reuse_cache=e.reuse_cache, max_batch=e.max_batch, seed=cfg.seed
+        cfg.model,
+        reuse_cache=e.reuse_cache,
+        share_prefix=e.share_prefix,
+        max_batch=e.max_batch,
+        seed=cfg.seed,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +179,74 @@ def top_layers(model: Any, n: int | None) -> list[int] | None:
     if n > total:
         raise ValueError(f"lora.top_layers={n}: the model has only {total} decoder layers")
     return list(range(total - n, total))
+
+
+PREFIX_KEY = 16  # samples whose first tokens agree (one system prompt) are batched together
+
+
+def prefix_groups(token_ids: Sequence[Sequence[int]], order: list[int]) -> list[list[int]]:
+    """``order`` split by how each sample starts (its first ``PREFIX_KEY`` tokens: the policy's
+    turns of one arm, the summariser's calls, ...), each group keeping the order it is given.
+
+    >>> prefix_groups([[1] * 16 + [2], [3] * 16, [1] * 16 + [4]], [2, 1, 0])
+    [[2, 0], [1]]
+    """
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i in order:
+        groups.setdefault(tuple(token_ids[i][:PREFIX_KEY]), []).append(i)
+    return list(groups.values())
+
+
+def fill_batches(
+    token_ids: Sequence[Sequence[int]],
+    loss_masks: Sequence[Sequence[int]],
+    groups: list[list[int]],
+    budget: int,
+    max_len: int,
+    shared: bool,
+) -> list[list[int]]:
+    """Batches of each group in turn, in its order, up to ``budget`` tokens of work: rows x
+    longest row (padding counts), less (rows - 1) x the batch's common prefix when ``shared``
+    (it is read once: :func:`acmrl.train.loss.target_logprobs`; only up to the first target,
+    whose logits each row needs). A sample longer than the budget is a batch alone. SFT and
+    GRPO batch with it."""
+    batches: list[list[int]] = []
+    for group in groups:
+        cur: list[int] = []
+        longest = common = 0
+        for i in group:
+            ids = token_ids[i][:max_len]
+            n = len(ids)
+            c = 0  # the batch's common prefix with this sample, read once
+            if shared:
+                c = _common(token_ids[cur[0]][:common], ids) if cur else n
+                c = min(c, next((j for j, m in enumerate(loss_masks[i]) if m), n))
+            work = max(longest, n) * (len(cur) + 1) - len(cur) * min(common, c)
+            if cur and work > budget:
+                batches.append(cur)
+                cur, longest, c = [], 0, n
+            cur.append(i)
+            longest, common = max(longest, n), c
+        if cur:
+            batches.append(cur)
+    return batches
+
+
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the common start of two token lists."""
+    n = min(len(a), len(b))
+    for j in range(n):
+        if a[j] != b[j]:
+            return j
+    return n
+
+
+def shares_prefix(cfg: Any, num_processes: int) -> bool:
+    """Whether a run reads each batch's common prefix once (``optim.share_prefix``): not with
+    gradient checkpointing (which turns the model's cache off), and on one process only (DDP
+    expects one forward per backward; a rank whose batch shares a prefix would take two while
+    another takes one, and their collectives hang)."""
+    return cfg.optim.share_prefix and not cfg.optim.gradient_checkpointing and num_processes == 1
 
 
 def checkpointing(model: Any, cfg: Any) -> Any:

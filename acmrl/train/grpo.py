@@ -94,11 +94,14 @@ from acmrl.train.checkpoint import load_training_state, prune_checkpoints, save_
 from acmrl.train.common import (
     MetricsLog,
     build_model,
+    fill_batches,
     load_start_model,
     lr_lambda,
     make_accelerator,
+    prefix_groups,
     progress_bar,
     save_policy,
+    shares_prefix,
 )
 from acmrl.train.grpo_steps import (
     episode_facts,
@@ -113,21 +116,19 @@ from acmrl.train.runs import Preemption, start_run
 from acmrl.train.samples import Sample, trajectory_samples
 
 
-def token_batches(samples: list[Sample], budget: int, max_len: int) -> list[list[int]]:
-    """Indices of ``samples`` in micro-batches of at most ``budget`` padded tokens (in order of
-    length, so padding is small; a sample longer than the budget is a batch alone)."""
+def token_batches(
+    samples: list[Sample], budget: int, max_len: int, shared: bool = False
+) -> list[list[int]]:
+    """Indices of ``samples`` in micro-batches of at most ``budget`` tokens of work, in order of
+    length so padding is small (a sample longer than the budget is a batch alone). With
+    ``shared`` (``optim.share_prefix`` on one process) a micro-batch holds samples of one start
+    (the policy's turns share the system prompt and tool definitions, the summariser's calls
+    theirs), whose common prefix is read once and counts once."""
     order = sorted(range(len(samples)), key=lambda i: len(samples[i].token_ids))
-    batches: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        n = min(len(samples[i].token_ids), max_len)
-        if cur and n * (len(cur) + 1) > budget:
-            batches.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        batches.append(cur)
-    return batches
+    ids = [s.token_ids for s in samples]
+    masks = [s.loss_mask for s in samples]
+    groups = prefix_groups(ids, order) if shared else [order]
+    return fill_batches(ids, masks, groups, budget, max_len, shared)
 
 
 def collate(
@@ -161,9 +162,14 @@ def _mismatch(lp: torch.Tensor, batch: dict[str, torch.Tensor]) -> float:
     return float(((lp - batch["engine_logprobs"]).abs() * batch["loss_mask"].float()).sum())
 
 
-def _forward(model: Any, batch: dict[str, torch.Tensor], temperature: float):
+def _forward(model: Any, batch: dict[str, torch.Tensor], temperature: float, share: bool):
     lp, logits = target_logprobs(
-        model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"], temperature
+        model,
+        batch["input_ids"],
+        batch["attention_mask"],
+        batch["loss_mask"],
+        temperature,
+        share_prefix=share,
     )
     return logits, lp
 
@@ -201,6 +207,7 @@ class GRPOTrainer:
             start = copy.deepcopy(model) if ckpt is None else load_start_model(cfg.model)[0]
             self.ref = start.eval().requires_grad_(False)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.share = shares_prefix(cfg, self.acc.num_processes)
         self.opt = torch.optim.AdamW(
             self.params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
         )
@@ -253,6 +260,7 @@ class GRPOTrainer:
             gen_model,
             self.tok,
             reuse_cache=cfg.engine.reuse_cache,
+            share_prefix=cfg.engine.share_prefix,
             max_batch=cfg.engine.max_batch,
             max_sessions=max(64, cfg.concurrency),
             seed=cfg.seed,
@@ -383,7 +391,7 @@ class GRPOTrainer:
                 self.pad,
                 acc.device,
             )
-            for idx in token_batches(samples, cfg.optim.batch_tokens, cfg.max_len)
+            for idx in token_batches(samples, cfg.optim.batch_tokens, cfg.max_len, self.share)
         ]
         n_local = sum(float(b["loss_mask"].sum()) for b in batches)
         # every process takes part in the same collectives: the same number of micro-batches
@@ -401,7 +409,7 @@ class GRPOTrainer:
         with torch.no_grad():
             for b in batches:
                 if cfg.old_logprobs == "recompute" and not on_policy:
-                    _, lp = _forward(self.model, b, T)
+                    _, lp = _forward(self.model, b, T, self.share)
                     mismatch += _mismatch(lp, b)
                     b["old_logprobs"] = lp
                 elif not on_policy:
@@ -419,7 +427,7 @@ class GRPOTrainer:
                         self._zero_backward()
                         continue
                     b = batches[i]
-                    logits, lp = _forward(self.model, b, T)
+                    logits, lp = _forward(self.model, b, T, self.share)
                     if on_policy:
                         mismatch += _mismatch(lp.detach(), b)
                     out = grpo_loss(
@@ -476,10 +484,10 @@ class GRPOTrainer:
 
     def _ref_logprobs(self, b: dict[str, torch.Tensor], T: float) -> torch.Tensor:
         if self.ref is not None:
-            return _forward(self.ref, b, T)[1]
+            return _forward(self.ref, b, T, self.share)[1]
         inner = self.acc.unwrap_model(self.model)
         with inner.disable_adapter() if hasattr(inner, "disable_adapter") else nullcontext():
-            return _forward(self.model, b, T)[1]
+            return _forward(self.model, b, T, self.share)[1]
 
     def step(self, step: int) -> dict[str, Any]:
         """GRPO step ``step`` (0-based); returns its metrics."""
@@ -513,6 +521,8 @@ class GRPOTrainer:
             self.engine.wake_up()
         if self.sampler is not None and n_any:  # the next rollouts sample the update
             self.sampler.refresh()
+        if self.cfg.engine.kind == "hf":  # caches the old policy read: none may be reused now
+            self.engine.close()
         if self.cfg.engine.kind in ("vllm", "openai"):  # the next rollouts sample the update
             self._sync(self.engine, step + 1)
         # every process's episodes, not only this one's share

@@ -26,10 +26,13 @@ from acmrl.train.checkpoint import load_training_state, prune_checkpoints, save_
 from acmrl.train.common import (
     MetricsLog,
     build_model,
+    fill_batches,
     lr_lambda,
     make_accelerator,
+    prefix_groups,
     progress_bar,
     save_policy,
+    shares_prefix,
 )
 from acmrl.train.loss import sft_loss, target_logprobs, topk_kl_at
 from acmrl.train.runs import Preemption, start_run
@@ -64,9 +67,6 @@ def load_samples(cfg: SFTConfig) -> list[dict[str, Any]]:
     return samples
 
 
-PREFIX_KEY = 16  # samples whose first tokens agree (one system prompt) are batched together
-
-
 def epoch_batches(samples: list[dict[str, Any]], epoch: int, cfg: SFTConfig) -> list[list[int]]:
     """Sample indices per batch for ``epoch``: a seeded shuffle, filled up to ``batch_tokens``
     counting padding (a sample longer than the budget is a batch alone).
@@ -78,50 +78,14 @@ def epoch_batches(samples: list[dict[str, Any]], epoch: int, cfg: SFTConfig) -> 
     rng = random.Random(cfg.seed * 1_000_003 + epoch)
     order = list(range(len(samples)))
     rng.shuffle(order)
+    ids = [s["token_ids"] for s in samples]
+    masks = [s["loss_mask"] for s in samples]
+    budget, max_len = cfg.optim.batch_tokens, cfg.max_len
     if not cfg.optim.share_prefix:
-        return _fill(samples, [order], cfg, shared=False)
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for i in order:
-        groups.setdefault(tuple(samples[i]["token_ids"][:PREFIX_KEY]), []).append(i)
-    batches = _fill(samples, list(groups.values()), cfg, shared=True)
+        return fill_batches(ids, masks, [order], budget, max_len, shared=False)
+    batches = fill_batches(ids, masks, prefix_groups(ids, order), budget, max_len, shared=True)
     rng.shuffle(batches)
     return batches
-
-
-def _fill(
-    samples: list[dict[str, Any]], groups: list[list[int]], cfg: SFTConfig, shared: bool
-) -> list[list[int]]:
-    """Batches of each group in turn, up to ``batch_tokens`` of work: rows x longest row, less
-    (rows - 1) x the common prefix when it is read once."""
-    batches: list[list[int]] = []
-    for group in groups:
-        cur: list[int] = []
-        longest = common = 0
-        for i in group:
-            ids = samples[i]["token_ids"][: cfg.max_len]
-            n = len(ids)
-            c = 0  # the batch's common prefix with this sample, read once
-            if shared:
-                c = _common(samples[cur[0]]["token_ids"][:common], ids) if cur else n
-                c = min(c, next((j for j, m in enumerate(samples[i]["loss_mask"]) if m), n))
-            work = max(longest, n) * (len(cur) + 1) - len(cur) * min(common, c)
-            if cur and work > cfg.optim.batch_tokens:
-                batches.append(cur)
-                cur, longest, c = [], 0, n
-            cur.append(i)
-            longest, common = max(longest, n), c
-        if cur:
-            batches.append(cur)
-    return batches
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    """The length of the common start of two token lists."""
-    n = min(len(a), len(b))
-    for j in range(n):
-        if a[j] != b[j]:
-            return j
-    return n
 
 
 def collate(
@@ -202,11 +166,7 @@ def run_sft(
     step, epoch, pos = state["step"], state["epoch"], state["batch"]
     losses: list[float] = list(state["losses"])
     batches = epoch_batches(samples, epoch, cfg)[acc.process_index :: acc.num_processes]
-    # one process only: DDP expects one forward per backward (a second pass for the prefix,
-    # taken by some ranks and not others, hangs their collectives)
-    share = (
-        cfg.optim.share_prefix and not cfg.optim.gradient_checkpointing and acc.num_processes == 1
-    )
+    share = shares_prefix(cfg, acc.num_processes)
     model.train()
     t0 = time.perf_counter()
     history = MetricsLog(out / "metrics.jsonl", step) if acc.is_main_process else None
