@@ -1,16 +1,18 @@
 """GRPO's update with and without reading each micro-batch's shared prefix once.
 
     .venv/bin/python benchmarks/grpo_update.py --config RUN/config.yaml \
-        --rollouts RUN/rollouts-rank0.jsonl [--steps 1 2] [--helpers]
+        --rollouts RUN/rollouts-rank0.jsonl [--steps 1 2] [--helpers] [--only off|on]
 
 Replays real GRPO steps of a finished run: the episodes a step rolled out (episode ids
 ``s<step>/...`` in its rollouts file), their rewards and group-relative advantages under the
 run's own config, and the samples GRPO trains on (the summariser's calls too with
 ``--helpers``, as ``train_helpers=true`` does). Each step's samples then go through one
 :meth:`acmrl.train.grpo.GRPOTrainer.update` with ``optim.share_prefix`` off and on, from the same
-weights and a fresh optimiser, and the update is timed. Printed per step: samples, micro-batches,
-tokens in the batches, target tokens, seconds each way, the ratio, and both losses (which must
-agree: the shared read changes the work, not the update).
+weights and a fresh optimiser, and the update is timed (after an untimed warm-up of both on a
+few samples). Printed per step: samples, micro-batches, tokens in the batches, target tokens,
+seconds each way, the ratio, and both losses (which must agree: the shared read changes the
+work, not the update). ``--only`` runs one variant, e.g. under ``/usr/bin/time -v`` for its
+peak memory.
 
 The policy's samples of one arm start with the same system prompt and tool definitions (~750 of
 ~1,200 tokens on kb_search tiny); without sharing, every row reads them again. Run alone: CPU
@@ -69,6 +71,11 @@ def main() -> None:
     ap.add_argument("--rollouts", required=True, help="the run's rollouts-rank0.jsonl")
     ap.add_argument("--steps", type=int, nargs="+", default=[1])
     ap.add_argument("--helpers", action="store_true", help="train the summariser's calls too")
+    ap.add_argument(
+        "--only",
+        choices=["off", "on"],
+        help="run one variant (e.g. under /usr/bin/time -v for its peak memory)",
+    )
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -90,8 +97,17 @@ def main() -> None:
             if not samples:
                 print(f"{step:>4} every group flat: nothing to train")
                 continue
-            off_s, off, off_b = timed_update(trainer, samples, sample_adv, share=False)
-            on_s, on, on_b = timed_update(trainer, samples, sample_adv, share=True)
+            # warm-up, untimed: the first update of a process pays for allocations and thread
+            # start-up, which would otherwise go to whichever variant runs first
+            for share in (False, True):
+                timed_update(trainer, samples[:4], sample_adv[:4], share)
+            nan = (float("nan"), {"train/loss": float("nan")}, 0)
+            run_off, run_on = args.only in (None, "off"), args.only in (None, "on")
+            off_s, off, off_b = (
+                timed_update(trainer, samples, sample_adv, False) if run_off else nan
+            )
+            on_s, on, on_b = timed_update(trainer, samples, sample_adv, True) if run_on else nan
+            off = off if run_off else on | {"train/loss": float("nan")}
             print(
                 f"{step:>4} {len(samples):>7} {f'{off_b}/{on_b}':>14} "
                 f"{int(off['train/tokens']):>7} {int(off['train/target_tokens']):>7} "
