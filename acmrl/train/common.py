@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from acmrl.context.prefix import reusable_prefix
 from acmrl.models import adapter_base
 
 
@@ -219,7 +220,7 @@ def fill_batches(
             n = len(ids)
             c = 0  # the batch's common prefix with this sample, read once
             if shared:
-                c = _common(token_ids[cur[0]][:common], ids) if cur else n
+                c = reusable_prefix(token_ids[cur[0]][:common], ids) if cur else n
                 c = min(c, next((j for j, m in enumerate(loss_masks[i]) if m), n))
             work = max(longest, n) * (len(cur) + 1) - len(cur) * min(common, c)
             if cur and work > budget:
@@ -230,15 +231,6 @@ def fill_batches(
         if cur:
             batches.append(cur)
     return batches
-
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    """The length of the common start of two token lists."""
-    n = min(len(a), len(b))
-    for j in range(n):
-        if a[j] != b[j]:
-            return j
-    return n
 
 
 def shares_prefix(cfg: Any, num_processes: int) -> bool:
