@@ -1,8 +1,12 @@
 import json
+import platform
+import subprocess
+import sys
 
 import pytest
 import torch
 
+from acmrl import models
 from acmrl.config import ModelConfig
 from acmrl.models import (
     MARKER,
@@ -96,3 +100,46 @@ def test_attention_implementations_agree(tiny_model_dir):
             load_model(
                 ModelConfig(name=str(tiny_model_dir), attn_implementation="flash_attention_2")
             )
+
+
+REFAULTS = """
+import resource, sys, torch
+from acmrl.models import keep_freed_memory
+if sys.argv[1] == "keep":
+    assert keep_freed_memory() and keep_freed_memory()  # idempotent
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(2):  # 64 MB: over glibc's largest mmap threshold; allocated, used, freed
+    x = torch.ones(16 * 2**20)
+    del x
+n = faults()
+x = torch.ones(16 * 2**20)  # the same size again
+print(faults() - n)
+"""
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
+    reason="glibc's malloc only",
+)
+def test_kept_freed_memory_is_reused_without_page_faults():
+    """By default glibc unmaps a freed 64 MB tensor, and the next one is faulted in again, page
+    by page (16,384 pages of 4 KB); with freed memory kept, the next one reuses it."""
+
+    def refaults(mode: str) -> int:
+        out = subprocess.run(
+            [sys.executable, "-c", REFAULTS, mode], capture_output=True, text=True, check=True
+        )
+        return int(out.stdout.strip())
+
+    assert refaults("default") > 8_000
+    assert refaults("keep") < 1_000
+
+
+def test_configure_torch_keeps_freed_memory_on_cpu_unless_told_not_to(monkeypatch):
+    calls = []
+    monkeypatch.setattr(models, "keep_freed_memory", lambda: calls.append(1) or True)
+    models.configure_torch(ModelConfig(device="cpu"))
+    assert calls == [1]
+    models.configure_torch(ModelConfig(device="cpu", keep_freed_memory=False))
+    assert calls == [1]
