@@ -191,7 +191,7 @@ def keep_freed_memory() -> bool:
     each training step and prefill faults its working memory in again, page by page, zeroed.
     Here every allocation comes from the heap (``M_MMAP_MAX`` 0) and freed memory stays in it
     (``M_TRIM_THRESHOLD`` 2 GiB), so the page faults are paid once; the peak resident memory
-    of 8 SFT steps was 0.2-0.4 GB higher (``benchmarks/keep_freed_memory.py``, docs/train.md).
+    of 8 SFT steps was 0.3-0.5 GB higher (``benchmarks/keep_freed_memory.py``, docs/train.md).
     Process-wide and idempotent; False where the C library is not glibc."""
     global _KEPT
     if _KEPT:
