@@ -180,7 +180,6 @@ def configure_torch(cfg: ModelConfig) -> None:
 
 # glibc's mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
-_KEPT = False
 
 
 def keep_freed_memory() -> bool:
@@ -193,9 +192,6 @@ def keep_freed_memory() -> bool:
     (``M_TRIM_THRESHOLD`` 2 GiB), so the page faults are paid once; the peak resident memory
     of 8 SFT steps was 0.3-0.5 GB higher (``benchmarks/keep_freed_memory.py``, docs/train.md).
     Process-wide and idempotent; False where the C library is not glibc."""
-    global _KEPT
-    if _KEPT:
-        return True
     import ctypes
     import ctypes.util
 
@@ -204,8 +200,7 @@ def keep_freed_memory() -> bool:
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
-    _KEPT = bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
-    return _KEPT
+    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
 
 
 def load_tokenizer(name: str) -> PreTrainedTokenizerBase:

@@ -12,7 +12,7 @@ times each, into throw-away output folders. The config's dataset must exist (for
 
 Printed per run: wall seconds (model loading included, the same in both), minor page faults,
 system CPU seconds and peak RSS of the child (``os.wait4``); then the mean of each variant and
-the ratio off/on, and the last logged loss of each (they must agree: only the allocator's
+the ratio default/kept, and the last logged loss of each (they must agree: only the allocator's
 policy differs). Run alone: CPU contention from other jobs distorts the timings.
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 
 def run(config: str, steps: int, keep: bool) -> dict[str, float]:
-    with tempfile.TemporaryDirectory() as out:
+    with tempfile.TemporaryDirectory() as out, tempfile.TemporaryFile("w+") as log:
         cmd = [
             str(Path(sys.executable).parent / "acmrl"),  # not -m: the working folder's code
             "train",
@@ -43,12 +43,13 @@ def run(config: str, steps: int, keep: bool) -> dict[str, float]:
             f"model.keep_freed_memory={str(keep).lower()}",
         ]
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # stderr to a file, not a pipe: a child that fills a pipe nobody reads would block
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
-        err = proc.stderr.read() if proc.stderr else ""
         if os.waitstatus_to_exitcode(status) != 0:
-            raise SystemExit(f"{' '.join(cmd)} failed:\n{err[-2000:]}")
+            log.seek(0)
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{log.read()[-2000:]}")
         lines = (Path(out) / "metrics.jsonl").read_text().splitlines()
         loss = json.loads(lines[-1]).get("loss", float("nan"))
     return {
