@@ -103,7 +103,9 @@ def sft_steps(model_dir: Path, steps: int, seq: int, batch: int) -> dict[str, fl
     }
 
 
-def grpo_step(model_dir: Path, out: Path, new_tokens: int, group: int, tasks: int) -> dict:
+def grpo_step(
+    model_dir: Path, out: Path, new_tokens: int, group: int, tasks: int, max_batch: int
+) -> dict:
     """One GRPO step (hf engine, bf16 autocast) on a one-tool-free task; engine logprobs kept
     beside the trainer's so their mismatch is measured."""
     import torch
@@ -135,6 +137,7 @@ def grpo_step(model_dir: Path, out: Path, new_tokens: int, group: int, tasks: in
     cfg.agent.max_turns = 1
     cfg.sampling.max_new_tokens = new_tokens
     cfg.sampling.stop = []
+    cfg.engine.max_batch = max_batch
     cfg.group_size, cfg.tasks_per_step = group, tasks
     cfg.lora.enabled = False
     cfg.optim.max_steps = 1
@@ -151,6 +154,7 @@ def grpo_step(model_dir: Path, out: Path, new_tokens: int, group: int, tasks: in
     peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
     return {
         "grpo_episodes": group * tasks,
+        "grpo_max_batch": max_batch,
         "grpo_wall_s": wall,
         "grpo_gen_tokens_per_s": m.get("rollout/gen_tokens_per_s", float("nan")),
         "grpo_train_tokens_per_s": m.get("train/tokens_per_s", float("nan")),
@@ -167,12 +171,13 @@ def main() -> None:
     ap.add_argument("--size", choices=sorted(SIZES), default="300m")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--out", default="/tmp/acmrl-gpu-check")
-    ap.add_argument("--sft-steps", type=int, default=10)
+    ap.add_argument("--sft-steps", type=int, default=10, help="0 skips the SFT part")
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--tasks", type=int, default=8)
+    ap.add_argument("--max-batch", type=int, default=8, help="engine.max_batch of the GRPO step")
     args = ap.parse_args()
     import torch
 
@@ -187,8 +192,10 @@ def main() -> None:
         "transformers": __import__("transformers").__version__,
         "size": args.size,
     }
-    figures = env | sft_steps(model_dir, args.sft_steps, args.seq, args.batch)
-    figures |= grpo_step(model_dir, out, args.new_tokens, args.group, args.tasks)
+    figures = dict(env)
+    if args.sft_steps > 0:
+        figures |= sft_steps(model_dir, args.sft_steps, args.seq, args.batch)
+    figures |= grpo_step(model_dir, out, args.new_tokens, args.group, args.tasks, args.max_batch)
     (out / "gpu_check.json").write_text(json.dumps(figures, indent=1))
     width = max(len(k) for k in figures)
     for key, value in figures.items():

@@ -13,9 +13,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--prepare" ]; then
-    tok=$(.venv/bin/python -c "from acmrl.models import ensure_default_model; print(ensure_default_model())")
+    # the last line: a first use converts the model and prints its progress before the path
+    tok=$(.venv/bin/python -c "from acmrl.models import ensure_default_model; print(ensure_default_model())" | tail -n 1)
     mkdir -p .gpucheck/tokenizer
-    cp "$tok"/tokenizer* "$tok"/special_tokens_map.json "$tok"/config.json .gpucheck/tokenizer/ 2>/dev/null || true
+    for f in tokenizer.json tokenizer_config.json special_tokens_map.json config.json; do
+        [ ! -f "$tok/$f" ] || cp "$tok/$f" .gpucheck/tokenizer/
+    done
+    [ -f .gpucheck/tokenizer/tokenizer.json ] || {
+        echo "gpu_check.sh --prepare: no tokenizer.json in $tok" >&2
+        exit 1
+    }
     grep -qx "/.gpucheck/" .git/info/exclude 2>/dev/null || echo "/.gpucheck/" >>.git/info/exclude
     du -sh .gpucheck
     exit 0
