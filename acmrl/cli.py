@@ -16,6 +16,7 @@ import typer
 
 from acmrl.config import (
     AnnotateConfig,
+    AuditConfig,
     ConfigError,
     DemoConfig,
     EvalConfig,
@@ -365,6 +366,23 @@ def eval_(
     for note in report["notes"]:
         typer.echo(f"- {note}")
     typer.echo(f"report: {cfg.output}/report.md (csv, json, plots alongside)")
+
+
+@app.command()
+def audit(config: ConfigOpt = None, overrides: Overrides = None) -> None:
+    """The ceilings of a task set: each arm's best scripted policy and the trivial strategies,
+    under the budget and overflow rule; writes audit.json and audit.md."""
+    cfg = _load(AuditConfig, config, overrides)
+    from acmrl.envs import EnvError
+    from acmrl.eval.audit import audit_markdown, run_audit
+    from acmrl.models import ModelError
+
+    try:
+        report = run_audit(cfg)
+    except (EnvError, ModelError, ValueError) as exc:
+        fail(str(exc))
+    typer.echo(audit_markdown(report))
+    typer.echo(f"audit: {cfg.output}/audit.md (json and episodes alongside)")
 
 
 def _versus(start: str, trained: str, config: Path | None, output: Path | None) -> None:

@@ -930,6 +930,35 @@ class EvalConfig:
 
 
 @dataclasses.dataclass
+class AuditConfig:
+    """`acmrl audit`: what a task set admits before anything is trained: each arm's best
+    scripted policy (its ceiling) and the trivial strategies, under the budget and overflow
+    rule of the agent section."""
+
+    model: ModelConfig = section(
+        ModelConfig, "whose tokenizer renders the contexts and counts the budget (no weights load)"
+    )
+    agent: AgentConfig = section(
+        AgentConfig, "the agent loop, budget and overflow rule", on_overflow="force_answer"
+    )
+    env: EnvConfig = section(EnvConfig, "the tasks (the eval split by default)")
+    arms: list[str] = option(list(ARMS), "arms whose best scripted policy runs")
+    trivial: list[str] = option(
+        ["first_result", "listed_title", "frequent", "random"],
+        "trivial strategies (react arm): first_result, listed_title, frequent, random",
+    )
+    concurrency: int = option(16, "episodes in flight at once", min=1)
+    output: str = option("runs/audit", "folder of episodes.jsonl, audit.json and audit.md")
+
+    def check(self) -> None:
+        check_arms(self.arms)
+        known = ("first_result", "listed_title", "frequent", "random")
+        unknown = [t for t in self.trivial if t not in known]
+        if unknown:
+            raise ConfigError(f"trivial: unknown strategies {unknown}; known: {', '.join(known)}")
+
+
+@dataclasses.dataclass
 class DemoConfig:
     """`acmrl demo`: tasks, baseline eval, annotation, SFT, GRPO, eval, export, on one machine."""
 
@@ -975,6 +1004,7 @@ COMMAND_CONFIGS: dict[str, type] = {
     "grpo": GRPOConfig,
     "export": ExportConfig,
     "eval": EvalConfig,
+    "audit": AuditConfig,
     "demo": DemoConfig,
 }
 

@@ -171,3 +171,44 @@ def test_every_preset_builds_for_every_world_seed():
             cfg = PRESETS[preset]
             assert len(env.tasks("train")) == cfg.n_train, (preset, seed)
             assert len(env.tasks("eval")) == cfg.n_eval, (preset, seed)
+
+
+@pytest.fixture(scope="module")
+def chain():
+    return load("kb_search", preset="chain", seed=0)
+
+
+def test_chain_answers_are_stated_only_in_a_document_body(chain):
+    """No title and no search snippet shows a chain answer: only opening its document does."""
+    titles = {d.title for d in chain.documents}
+    snippets = " ".join(chain.index.snippet(d) for d in chain.documents)
+    for task in chain.tasks("eval") + chain.tasks("train"):
+        assert task.answer not in titles and task.answer not in snippets, task.id
+        holders = [d.id for d in chain.documents if task.answer in d.text]
+        assert holders == [task.metadata["gold_docs"][0 if "member" in task.prompt else -1]]
+
+
+def test_chain_questions_need_three_reads_and_carry_a_fact_to_the_last(chain):
+    evals = chain.tasks("eval")
+    kinds = [t.metadata["question"] for t in evals]
+    assert kinds.count("recall") == round(0.3 * len(evals))  # recall_share, exactly
+    for task in evals:
+        plan = chain.oracle_plan(task)
+        assert [n for n, _ in plan].count("open") == 3 == len(task.metadata["gold_docs"])
+        first, last = task.metadata["gold_docs"][0], task.metadata["gold_docs"][-1]
+        picker, stated = chain.answer_evidence(task)
+        if task.metadata["question"] == "ledger":  # the first document's year picks the line
+            assert (picker.doc_id, stated.doc_id) == (first, last)
+        else:  # the last document's guild picks the first document's membership
+            assert (picker.doc_id, stated.doc_id) == (last, first)
+        assert stated.selector in picker.text
+
+
+def test_chain_budget_holds_about_two_documents(chain, tokenizer):
+    """The expert's whole history never fits the budget; the first two documents with their
+    searches do in most tasks: a reader that keeps everything cannot reach the third."""
+    report = pressure_report(chain, tokenizer, limit=50)
+    assert report["overflow_fraction"] == 1.0 and report["oracle_score"] == 1.0
+    assert (
+        0.2 * chain.max_context_tokens < report["mean_doc_tokens"] < 0.35 * chain.max_context_tokens
+    )

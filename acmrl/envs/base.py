@@ -56,6 +56,21 @@ class Task:
 Handler = Callable[..., str]
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """A sentence a policy must see in its context to give the answer from what it sees
+    (:meth:`Environment.answer_evidence`): scripted policies answer only then, so a ceiling
+    never rests on knowing the answer. ``doc_id`` is where it is read (None: anywhere);
+    ``selector`` is what makes it relevant, read elsewhere (a sentence whose selector the agent
+    has not yet seen cannot be known to matter); ``query`` is how an agent would ask its
+    archive for it."""
+
+    text: str
+    doc_id: str | None = None
+    selector: str | None = None
+    query: str | None = None
+
+
 class Session:
     """One episode's tools. ``call`` never raises for bad input: it returns an ``Error:`` observation."""
 
@@ -172,6 +187,17 @@ class Environment:
         answers = task.answer if isinstance(task.answer, list) else [task.answer]
         terms = [str(t).strip() for t in [*read, *answers]]
         return list(dict.fromkeys(t for t in terms if len(t) >= 2 and re.search(r"\w", t)))
+
+    def answer_evidence(self, task: Task) -> list[Evidence]:
+        """What a policy must see to give the answer (:class:`Evidence`). By default the answer
+        itself: the first accepted answer, or every item of an answer set.
+
+        >>> Environment().answer_evidence(Task("t", "?", ["Ann Lee", "A. Lee"]))
+        [Evidence(text='Ann Lee', doc_id=None, selector=None, query=None)]
+        """
+        answers = task.answer if isinstance(task.answer, list) else [task.answer]
+        shown = answers if task.metadata.get("answer_set") else answers[:1]
+        return [Evidence(str(a)) for a in shown]
 
     def score(self, task: Task, answer: str | None) -> float:
         """The task score of ``answer``: the judge's when one is configured, else the metric."""

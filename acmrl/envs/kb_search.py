@@ -10,6 +10,21 @@ there took place *in the year that first person was born*: the first document's 
 the very end, after every bulky ``open`` in between, which is exactly what compaction must keep.
 Presets scale the world and the budget; on ``small`` and up the history of an expert episode does
 not fit ``max_context_tokens``, so a plain ReAct agent overflows while one that compacts can finish.
+On those presets the answer is an event's title, which search listings show: a ReAct agent that
+answers from the listing of "<town> <year>" needs no context management (docs/envs.md).
+
+The ``chain`` preset asks for a code that only a document's body states, three documents away
+(person, then a person or organisation, then a town), with documents long enough that the
+budget holds about two:
+
+- *ledger* questions: "Which ledger code did the register of <the town ...> record in the year
+  <person> was born?" The town's document lists a ledger code per year; the birth year, read in
+  the first document, picks the line at the last step, so it must survive the compactions;
+- *recall* questions (``recall_share`` of them): "What member number does <person> hold in the
+  guild that meets in <the town ...>?" The person's document lists many guild memberships; only
+  the town's document, read last, says which guild matters, so the detail is needed after its
+  document has left the context: retrieving it from the archive (``query_memory``) or reading
+  the document again.
 """
 
 from __future__ import annotations
@@ -18,7 +33,7 @@ import random
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from acmrl.envs.base import EnvError, Environment, Handler, Plan, Task
+from acmrl.envs.base import EnvError, Environment, Evidence, Handler, Plan, Task
 from acmrl.envs.scoring import Judge
 from acmrl.envs.search import Document, SearchIndex
 
@@ -37,6 +52,12 @@ class KBConfig:
     search_k: int = 5
     namesake_frac: float = 0.15
     distractor_frac: float = 0.1
+    # "event": which event took place in a town in a year (the answer is a document's title);
+    # "code": a code read in the last document's body (chain; see the module docstring)
+    question: str = "event"
+    recall_share: float = 0.0  # code questions: share asking for a detail of the first document
+    ledger_years: int = 12  # code questions: years in a town's ledger
+    memberships: int = 10  # code questions: guild memberships listed in a person's document
 
 
 PRESETS: dict[str, KBConfig] = {
@@ -44,6 +65,9 @@ PRESETS: dict[str, KBConfig] = {
     "small": KBConfig(170, 40, 24, 8, 330, 3, 200, 50, 2048, search_k=4),
     "medium": KBConfig(400, 100, 60, 10, 1500, 4, 500, 100, 8192),
     "large": KBConfig(600, 150, 90, 12, 4400, 6, 1000, 200, 32768),
+    "chain": KBConfig(
+        120, 30, 24, 3, 300, 3, 200, 50, 2048, search_k=4, question="code", recall_share=0.3
+    ),
 }
 
 _ONSETS = "b br c d dr f g gr h k l m n p r s st t th v w z".split()
@@ -86,6 +110,7 @@ _FILLER = [
     "The {n2} keeps a ledger of repairs to the {a} {n}.",
 ]
 _MENTION = "{other} is mentioned in a {a} letter about the {n}, kept in the archive."
+_LETTERS = "BCDFGHJKLMNPRSTVWZ"
 
 _RELATIONS = {  # relation -> (from kind, to kind, phrase that names the target given the source)
     "employer": ("person", "org", "the organisation that employs {x}"),
@@ -197,6 +222,56 @@ class World:
             ):
                 self._add_event(names, t, year)
         self._names = names
+        if cfg.question == "code":
+            self._code_world(seed)
+
+    def _code_world(self, seed: int) -> None:
+        """Ledgers, guilds and memberships of the code questions, from a stream of their own
+        (the other presets' worlds are unchanged)."""
+        x = self._x = random.Random(seed * 104729 + 17)
+        self._codes: set[str] = set()
+        for t in self.towns:
+            t.attrs["guild"] = self._names._take(lambda: f"{_syllables(x, 2).capitalize()} Guild")
+            years = x.sample(range(self.YEARS[0], self.YEARS[1] + 1), self.cfg.ledger_years)
+            t.attrs["ledger"] = {year: self._code() for year in sorted(years)}
+        for p in self.people:
+            guilds = x.sample(self.towns, min(self.cfg.memberships, len(self.towns)))
+            p.attrs["memberships"] = {t.attrs["guild"]: self._number() for t in guilds}
+
+    def _code(self) -> str:
+        """A fresh ledger code, e.g. ``KV-3081``."""
+        x = self._x
+        while True:
+            code = f"{x.choice(_LETTERS)}{x.choice(_LETTERS)}-{x.randrange(1000, 10000)}"
+            if code not in self._codes:
+                self._codes.add(code)
+                return code
+
+    def _number(self) -> str:
+        """A fresh member number, e.g. ``40117``."""
+        while True:
+            number = str(self._x.randrange(10000, 100000))
+            if number not in self._codes:
+                self._codes.add(number)
+                return number
+
+    def ledger_in(self, town: Entity, year: int, *, create: bool) -> str | None:
+        """The code the town's ledger records for ``year``; a new line when ``create`` and the
+        ledger has room (at most twice ``ledger_years`` lines)."""
+        ledger = town.attrs["ledger"]
+        if year not in ledger and create and len(ledger) < 2 * self.cfg.ledger_years:
+            ledger[year] = self._code()
+            town.attrs["ledger"] = dict(sorted(ledger.items()))
+        return ledger.get(year)
+
+    def membership(self, person: Entity, guild: str, *, create: bool) -> str | None:
+        """The person's member number in ``guild``; a new membership when ``create`` and the
+        list has room (the document lists memberships by guild name, so a late one sits
+        among the others)."""
+        held = person.attrs["memberships"]
+        if guild not in held and create and len(held) < self.cfg.memberships + 4:
+            held[guild] = self._number()
+        return held.get(guild)
 
     def _add_event(self, names: _Names, town: Entity, year: int) -> Entity:
         ev = Entity(
@@ -226,6 +301,9 @@ class World:
                 f"{e.name} grew up in {a['hometown'].name}, which {e.name} calls home.",
                 f"{e.name} works for {a['employer'].name} as a {a['profession']}.",
                 f"The mentor of {e.name} was {a['mentor'].name}.",
+            ] + [
+                membership_sentence(e.name, guild, number)
+                for guild, number in sorted(a.get("memberships", {}).items())
             ]
         if e.kind == "org":
             return [
@@ -234,10 +312,14 @@ class World:
                 f"{e.name} is active in {a['industry']}.",
             ]
         if e.kind == "town":
-            return [f"{e.name} has about {a['population']} inhabitants."] + [
+            out = [f"{e.name} has about {a['population']} inhabitants."] + [
                 f"The {ev.name} was held in {e.name} in {ev.attrs['year']}."
                 for ev in sorted(a["events"], key=lambda ev: ev.attrs["year"])
             ]
+            if "guild" in a:
+                out.append(guild_sentence(a["guild"], e.name))
+                out += [ledger_sentence(e.name, y, code) for y, code in a["ledger"].items()]
+            return out
         return [
             f"The {e.name} took place in {a['town'].name} in {a['year']}.",
             f"The {e.name} was organised by {a['organiser'].name}.",
@@ -333,14 +415,42 @@ def _paths(start: Entity, length: int) -> list[list[tuple[str, Entity]]]:
     return out
 
 
-def _question(start: Entity, chain: list[tuple[str, Entity]]) -> str:
+def _phrase(start: Entity, chain: list[tuple[str, Entity]]) -> str:
     phrase = start.name
     for rel, _ in chain:
         phrase = _RELATIONS[rel][2].format(x=phrase)
+    return phrase
+
+
+def _question(start: Entity, chain: list[tuple[str, Entity]]) -> str:
     return (
-        f"Which event held in {phrase} took place in the year {start.name} was born? "
-        "Answer with the name of the event."
+        f"Which event held in {_phrase(start, chain)} took place in the year {start.name} was "
+        "born? Answer with the name of the event."
     )
+
+
+def _code_question(kind: str, start: Entity, chain: list[tuple[str, Entity]]) -> str:
+    if kind == "ledger":
+        return (
+            f"Which ledger code did the register of {_phrase(start, chain)} record in the year "
+            f"{start.name} was born? Answer with the code."
+        )
+    return (
+        f"What member number does {start.name} hold in the guild that meets in "
+        f"{_phrase(start, chain)}? Answer with the number."
+    )
+
+
+def ledger_sentence(town: str, year: int, code: str) -> str:
+    return f"In {year} the register of {town} recorded the ledger code {code}."
+
+
+def guild_sentence(guild: str, town: str) -> str:
+    return f"The {guild} meets in {town}."
+
+
+def membership_sentence(person: str, guild: str, number: str) -> str:
+    return f"{person} holds member number {number} in the {guild}."
 
 
 class _ShortSplit(Exception):
@@ -434,6 +544,15 @@ class KBSearch(Environment):
             for start, chain in candidates:
                 if len(tasks) == wanted[split]:
                     break
+                if cfg.question == "code":
+                    # recall questions make exactly recall_share of each split, spread evenly
+                    n = len(tasks)
+                    recall = int((n + 1) * cfg.recall_share) > int(n * cfg.recall_share)
+                    kind = "recall" if recall else "ledger"
+                    task = self._code_task(split, n, start, chain, kind)
+                    if task is not None:
+                        tasks.append(task)
+                    continue
                 event = world.event_in(chain[-1][1], start.attrs["born"], create=True)
                 if event is None:
                     continue
@@ -471,6 +590,48 @@ class KBSearch(Environment):
             },
         )
 
+    def _code_task(
+        self, split: str, i: int, start: Entity, chain: list[tuple[str, Entity]], kind: str
+    ) -> Task | None:
+        """A ``chain`` question (``kind`` ledger or recall), or None when the town's ledger or
+        the person's memberships have no room for its answer."""
+        town, born = chain[-1][1], start.attrs["born"]
+        guild = town.attrs["guild"]
+        if kind == "ledger":
+            answer = self.world.ledger_in(town, born, create=True)
+        else:
+            answer = self.world.membership(start, guild, create=True)
+        if answer is None:
+            return None
+        task_id = f"kb_search/{self.preset}/s{self.seed}/{split}/{i:05d}"
+        entities = [start] + [e for _, e in chain]
+        self._meta[task_id] = {"chain": entities, "event": None, "kind": kind}
+        links = [
+            f"{_RELATIONS[rel][2].format(x=src.name)} is {dst.name}."
+            for (rel, dst), src in zip(chain, entities, strict=False)
+        ]
+        birth = f"{start.name} was born in {born}."
+        if kind == "ledger":
+            facts = [birth, *links, ledger_sentence(town.name, born, answer)]
+        else:
+            facts = [*links, guild_sentence(guild, town.name)]
+            facts.append(membership_sentence(start.name, guild, answer))
+        return Task(
+            id=task_id,
+            prompt=_code_question(kind, start, chain),
+            answer=answer,
+            metadata={
+                "env": self.name,
+                "split": split,
+                "hops": self.cfg.hops,
+                "question": kind,
+                "relations": [rel for rel, _ in chain],
+                "entities": [e.name for e in entities],
+                "facts": facts,
+                "key_fact": facts[0] if kind == "ledger" else facts[-1],
+            },
+        )
+
     def tools(self) -> list[dict[str, Any]]:
         return self.index.tools("the regional register (people, organisations, towns, events)")
 
@@ -487,6 +648,10 @@ class KBSearch(Environment):
         plan reads the town's document instead."""
         meta = self._meta[task.id]
         plan: Plan = []
+        if meta["event"] is None:  # a code question: every document of the chain, then answer
+            for entity in meta["chain"]:
+                plan += [("search", {"query": entity.name}), ("open", {"doc_id": entity.doc_id})]
+            return [*plan, ("answer", {"text": task.answer})]
         for entity in meta["chain"][:-1]:
             plan.append(("search", {"query": entity.name}))
             plan.append(("open", {"doc_id": entity.doc_id}))
@@ -504,9 +669,40 @@ class KBSearch(Environment):
         the documents the expert reads: what a summary must keep for the rest of the task."""
         meta = self._meta[task.id]
         chain, event = meta["chain"], meta["event"]
-        terms = [e.name for e in chain] + [str(chain[0].attrs["born"]), event.name]
+        if event is None:  # a code question: the ledger's year, or the guild that selects
+            pick = chain[-1].attrs["guild"] if meta["kind"] == "recall" else chain[0].attrs["born"]
+            terms = [e.name for e in chain] + [str(pick), str(task.answer)]
+        else:
+            terms = [e.name for e in chain] + [str(chain[0].attrs["born"]), event.name]
         opened = [str(args["doc_id"]) for name, args in self.oracle_plan(task) if name == "open"]
         return list(dict.fromkeys(terms + opened))
+
+    def answer_evidence(self, task: Task) -> list[Evidence]:
+        """What a policy must see to give the answer from its context. Event questions: the
+        answer itself (its title, which a search listing may show). Code questions: the
+        sentence that states the answer and the sentence that picks it (the birth year for a
+        ledger line; the town's guild for a membership), each with its document; a membership
+        is relevant only once the guild was read elsewhere, and can be asked of the archive."""
+        meta = self._meta[task.id]
+        if meta["event"] is not None:
+            return super().answer_evidence(task)
+        chain = meta["chain"]
+        person, town = chain[0], chain[-1]
+        born, guild = person.attrs["born"], town.attrs["guild"]
+        if meta["kind"] == "ledger":
+            return [
+                Evidence(f"{person.name} was born in {born}.", person.doc_id),
+                Evidence(ledger_sentence(town.name, born, task.answer), town.doc_id, str(born)),
+            ]
+        return [
+            Evidence(guild_sentence(guild, town.name), town.doc_id),
+            Evidence(
+                membership_sentence(person.name, guild, task.answer),
+                person.doc_id,
+                selector=guild,
+                query=f"the member number of {person.name} in the {guild}",
+            ),
+        ]
 
     def event_lookup(self, task: Task) -> str | None:
         """The search that finds the answer's event from what the chain's documents say (the
@@ -520,6 +716,8 @@ class KBSearch(Environment):
         for task in tasks:
             meta = self._meta[task.id]
             meta["lookup"] = None
+            if meta["event"] is None:  # a code question looks nothing up
+                continue
             todo.append((meta, meta["chain"][-1].name, meta["chain"][0].attrs["born"]))
         for form in ("{town} {year}", "took place in {town} in {year}"):
             queries = [form.format(town=town, year=year) for _, town, year in todo]

@@ -1,0 +1,137 @@
+"""``acmrl audit``: the ceilings of a task set, before anything is trained.
+
+For the configured split it runs each arm's best scripted policy and the trivial strategies
+(:mod:`acmrl.teacher.ceiling`) through the real agent loop, under the budget and overflow rule
+of the config (``force_answer`` by default, the fair rule), and writes per strategy: Pass@1 with
+its Wilson interval, mean and largest peak tokens, the overflow share, tool calls, compactions,
+``query_memory`` calls and Compaction Cost. A trained arm is read against its ceiling; a task
+set whose trivial strategies score, or whose ``react`` ceiling equals the managing arms', does
+not need context management, whatever a trained comparison on it shows.
+
+The episodes go to ``episodes.jsonl`` as they end (a rerun continues), then ``audit.json`` and
+``audit.md`` are written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from acmrl.config import AuditConfig, SamplingConfig
+from acmrl.engines.scripted import ScriptedEngine
+from acmrl.eval.report import arm_summary, episode_row
+from acmrl.rollout.agent import Episode
+from acmrl.rollout.prompts import context_budget
+from acmrl.rollout.worker import TrajectoryWriter, read_trajectories, run_episodes
+from acmrl.teacher.ceiling import answer_text, audit_reply
+
+EPISODES = "episodes.jsonl"
+
+
+def strategies(cfg: AuditConfig) -> list[tuple[str, str]]:
+    """``(strategy, arm)`` pairs in report order: the arms' ceilings, then the trivial ones."""
+    return [("ceiling", arm) for arm in cfg.arms] + [(t, "react") for t in cfg.trivial]
+
+
+def run_audit(cfg: AuditConfig) -> dict[str, Any]:
+    """Run the audit's episodes (those not already in the output) and write its report."""
+    from acmrl.eval.run import _atomic_write
+    from acmrl.models import load_tokenizer
+    from acmrl.rollout.judge import load_env
+
+    env = load_env(cfg.env)
+    tokenizer = load_tokenizer(cfg.model.name)
+    budget = context_budget(cfg.agent, env)
+    tasks = env.tasks(cfg.env.split)[: cfg.env.limit]
+    train = env.tasks("train") if "train" in env.splits else tasks
+    answers = [answer_text(t) for t in train]
+    out = Path(cfg.output)
+    out.mkdir(parents=True, exist_ok=True)
+    writer = TrajectoryWriter(out / EPISODES)
+    sampling = SamplingConfig(max_new_tokens=4096)  # a script's turn is never cut
+    episodes = [
+        Episode(f"{t.id}#{arm}#{name}", env, t, arm, tokenizer, agent=cfg.agent, sampling=sampling)
+        for t in tasks
+        for name, arm in strategies(cfg)
+        if f"{t.id}#{arm}#{name}" not in writer.done
+    ]
+    engine = ScriptedEngine(tokenizer, audit_reply(env, tokenizer, budget, answers), truncate=False)
+    try:
+        run_episodes(
+            episodes, engine, concurrency=cfg.concurrency, on_done=lambda e: writer.write(e.traj)
+        )
+    finally:
+        writer.close()
+    wanted = {f"{t.id}#{arm}#{name}" for t in tasks for name, arm in strategies(cfg)}
+    trajs = [t for t in read_trajectories(out / EPISODES) if t.episode_id in wanted]
+    report = build_audit(trajs, cfg, budget)
+    _atomic_write(out / "audit.json", json.dumps(report, indent=1))
+    _atomic_write(out / "audit.md", audit_markdown(report))
+    return report
+
+
+def build_audit(trajs: list[Any], cfg: AuditConfig, budget: int) -> dict[str, Any]:
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for t in trajs:
+        name = t.episode_id.rsplit("#", 1)[1]
+        row = episode_row(t, int(t.metrics.get("budget") or budget))
+        row["query_memory"] = sum(a["name"] == "query_memory" for s in t.steps for a in s.actions)
+        rows.setdefault((name, t.arm), []).append(row)
+    table = []
+    for name, arm in strategies(cfg):
+        got = rows.get((name, arm), [])
+        if not got:
+            continue
+        s = arm_summary(got, 1)
+        table.append(
+            {
+                "strategy": name,
+                "arm": arm,
+                "episodes": s["episodes"],
+                "pass@1": s["pass@1"],
+                "pass@1_low": s["pass@1_low"],
+                "pass@1_high": s["pass@1_high"],
+                "peak_context_tokens": s["peak_context_tokens"],
+                "max_peak_context_tokens": s["max_peak_context_tokens"],
+                "overflow": s["overflow"],
+                "tool_calls": s["tool_calls"],
+                "compactions": s["compactions"],
+                "query_memory": sum(r["query_memory"] for r in got) / len(got),
+                "compaction_cost": s["compaction_cost"],
+            }
+        )
+    return {
+        "env": cfg.env.name,
+        "env_options": cfg.env.options,
+        "split": cfg.env.split,
+        "tasks": len({t.task_id for t in trajs}),
+        "budget": budget,
+        "on_overflow": cfg.agent.on_overflow,
+        "tokenizer": cfg.model.name,
+        "strategies": table,
+    }
+
+
+def audit_markdown(report: dict[str, Any]) -> str:
+    opts = ", ".join(f"{k}={v}" for k, v in report["env_options"].items())
+    lines = [
+        f"# Audit: {report['env']} ({opts}), split {report['split']}",
+        "",
+        f"{report['tasks']} tasks, budget {report['budget']} tokens, "
+        f"on_overflow={report['on_overflow']}. A ceiling is the arm's best scripted policy "
+        "(it answers only once its context shows the answer's evidence); the trivial "
+        "strategies play react and read no document.",
+        "",
+        "| strategy | arm | Pass@1 [95% CI] | peak tokens (mean / max) | overflow | tool calls "
+        "| compactions | query_memory | Compaction Cost/ep |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["strategies"]:
+        lines.append(
+            f"| {r['strategy']} | {r['arm']} | {r['pass@1']:.3f} [{r['pass@1_low']:.2f}, "
+            f"{r['pass@1_high']:.2f}] | {r['peak_context_tokens']:.0f} / "
+            f"{r['max_peak_context_tokens']} | {r['overflow']:.2f} | {r['tool_calls']:.1f} "
+            f"| {r['compactions']:.2f} | {r['query_memory']:.2f} | {r['compaction_cost']:.0f} |"
+        )
+    return "\n".join(lines) + "\n"

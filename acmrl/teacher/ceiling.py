@@ -1,0 +1,225 @@
+"""The best scripted policy of each arm, and the trivial strategies a task set allows.
+
+``acmrl audit`` runs both through the real agent loop (the arm's tools, budget and overflow
+rule; the environment's tools) before anything is trained, so a comparison of trained arms can
+be read against what each arm admits at best and what needs no reading at all.
+
+:class:`CeilingPolicy` is the oracle's expert (:class:`~acmrl.teacher.demonstrate.Demonstrator`)
+with three changes that make it the best an arm can do without knowing the answer:
+
+- it answers as soon as its context shows the answer's evidence
+  (:meth:`~acmrl.envs.base.Environment.answer_evidence`), whatever is left of the plan: every
+  shortcut the observations allow (a title in a search listing, for one), and never an answer its
+  context does not support (asked for an answer at the overflow, without the evidence, it says it
+  does not know);
+- it compacts only when the next result would not fit (the cheapest timing), and its summaries
+  keep the fact sentences the plan needs so far plus each evidence sentence whose relevance it
+  has seen elsewhere (a membership in a guild no document has yet named is not known to matter);
+- a missing piece of evidence is recovered the arm's way: ``acm`` asks its archive
+  (``query_memory``, answered by a keyword extract of the archived steps), ``memory`` reads its
+  memory, every arm may read the document again.
+
+The trivial strategies (:data:`TRIVIAL`) play the ``react`` arm and read nothing but search
+listings, if that.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import zlib
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from acmrl.envs.base import ANSWER_TOOL, Environment, Evidence, Task
+from acmrl.teacher.demonstrate import Demonstrator
+from acmrl.teacher.oracle import _next_needed, _opened
+
+FORCED = "Give your final answer now"  # the harness's request at an overflow (force_answer)
+UNKNOWN = "unknown"
+_SUMMARY_ID = re.compile(r"\[(S\d+)\] summary of earlier steps")
+_LISTED = re.compile(r"^\[([^\]\s]+)\] ([^:\n]+):", re.MULTILINE)  # a search result line
+_WORD = re.compile(r"[A-Z][\w'-]+|\d{3,}")
+
+
+def answer_text(task: Task) -> str:
+    """The text a policy submits: the answer, the first alternative, or every item of a set."""
+    if isinstance(task.answer, str):
+        return task.answer
+    return ", ".join(task.answer) if task.metadata.get("answer_set") else task.answer[0]
+
+
+def extract(prompt: str) -> str:
+    """The querier's reply: the archived sentences that share the most names and numbers with the
+    question (at least two), a keyword match that knows nothing of the task.
+
+    >>> p = ("Archived steps S1:\\nresult: Ann holds number 41 in the Oak Guild. Ann holds number "
+    ...      "77 in the Elm Guild.\\n\\nQuestion: Ann's number in the Elm Guild\\n\\nAnswer with")
+    >>> extract(p)
+    'Ann holds number 77 in the Elm Guild.'
+    """
+    head, _, rest = prompt.partition("\n\nQuestion: ")
+    query = rest.split("\n\nAnswer with", 1)[0]
+    words = set(_WORD.findall(query))
+    parts = re.split(r"(?<=\.)\s+|\n", head)
+    sentences = [s.strip().removeprefix("result: ") for s in parts if s.strip()]
+    scored = [(sum(w in set(_WORD.findall(s)) for w in words), i) for i, s in enumerate(sentences)]
+    best = max((n for n, _ in scored), default=0)
+    if best < 2:
+        return "The archived steps do not say."
+    return " ".join(sentences[i] for n, i in scored if n == best)
+
+
+class CeilingPolicy(Demonstrator):
+    """The best scripted policy of one arm on one task (see the module docstring)."""
+
+    def __init__(self, env: Environment, task: Task, arm: str, budget: int, tokenizer: Any):
+        super().__init__(env, task, arm, budget, tokenizer, pressure=1.0, late=True)
+        self.evidence = env.answer_evidence(task)
+        self.queried: set[str] = set()
+
+    def __call__(self, session_id: str, prompt: str) -> str:
+        if session_id.endswith("/querier"):
+            return extract(prompt)
+        if session_id.endswith("/summariser"):
+            return self._notes(prompt)
+        missing = [e for e in self.evidence if e.text not in prompt]
+        if not missing:
+            self.seen += "\n" + prompt
+            return self._turn(
+                "My context shows what the answer needs.",
+                ANSWER_TOOL,
+                {"text": answer_text(self.task)},
+            )
+        if FORCED in prompt:
+            return self._turn(
+                "My context no longer holds what the answer needs.", ANSWER_TOOL, {"text": UNKNOWN}
+            )
+        # a document it opened counts as read even when a summary replaced it before this turn
+        # saw it (the notes list it): the plan goes on instead of opening it again
+        for name, args in self.done:
+            doc = json.loads(args).get("doc_id") if name == "open" else None
+            if doc and not _opened(doc, self.seen):
+                self.seen += f"\n[{doc}] (read)\n\n"
+        name, _ = _next_needed(self.env, self.task, self.seen + "\n" + prompt, self.done, prompt)
+        turn = self._recover(prompt, missing[0]) if name == ANSWER_TOOL else None
+        if turn is not None:
+            self.seen += "\n" + prompt
+            return turn
+        return super().__call__(session_id, prompt)
+
+    def _recover(self, prompt: str, ev: Evidence) -> str | None:
+        """A call that brings back ``ev`` once the plan is read through: the archive (acm), the
+        memory (memory), else its document again; None when none applies."""
+        if self.arm == "acm" and ev.query:
+            for sid in _SUMMARY_ID.findall(prompt):
+                if sid not in self.queried:
+                    self.queried.add(sid)
+                    args = {"summary_id": sid, "query": ev.query}
+                    return self._turn(f"I need {ev.query} from {sid}.", "query_memory", args)
+        if self.arm == "memory" and not self.read_memory:
+            self.read_memory = True
+            return self._turn("What I need may be in my memory; I will read it.", "read_memory", {})
+        if ev.doc_id is None:
+            return None
+        self.read_memory = False
+        plan = self.env.oracle_plan(self.task)
+        call: tuple[str, dict[str, Any]] = ("open", {"doc_id": ev.doc_id})
+        if ev.doc_id not in prompt:  # find it first, by the plan's search for it
+            at = next((i for i, s in enumerate(plan) if s == call), None)
+            if at is None or at == 0 or plan[at - 1][0] != "search":
+                return None
+            call = plan[at - 1]
+        self.done.append((call[0], json.dumps(call[1], sort_keys=True)))
+        return self._turn(f"I need to read {ev.doc_id} again.", *call)
+
+    def _notes(self, prompt: str) -> str:
+        """The expert's notes, plus each evidence sentence of these steps whose selector the
+        agent has seen outside that sentence (so a summary never keeps a detail for a reason it
+        could not yet know)."""
+        notes = super()._notes(prompt)
+        steps = prompt.split("Steps to summarise:", 1)[-1]
+        context = f"{self.task.prompt}\n{self.seen}\n{prompt}"
+        extra = []
+        for ev in self.evidence:
+            if ev.text not in steps or ev.text in notes:
+                continue
+            if ev.selector is not None and ev.selector not in context.replace(ev.text, ""):
+                continue
+            extra.append(f"- {ev.text}")
+        return "\n".join([*extra, notes]) if extra else notes
+
+
+# -- trivial strategies (react arm) ----------------------------------------------------------------
+
+
+def _answer(text: str, why: str) -> str:
+    return Demonstrator._turn(why, ANSWER_TOOL, {"text": text or UNKNOWN})
+
+
+class Trivial:
+    """One trivial strategy on one task: ``first_result`` searches the question and answers
+    with the first result's title; ``listed_title`` makes the plan's searches and answers with a
+    title a listing shows when one is an accepted answer (an upper bound of answering from
+    titles), else the last listing's first; ``frequent`` answers the training split's most
+    frequent answer; ``random`` a training answer drawn per task."""
+
+    def __init__(self, name: str, env: Environment, task: Task, answers: list[str]) -> None:
+        self.name, self.env, self.task, self.answers = name, env, task, answers
+        self.searches = [a for n, a in env.oracle_plan(task) if n == "search"]
+        self.turn = 0
+
+    def __call__(self, session_id: str, prompt: str) -> str:
+        self.turn += 1
+        titles = [m.group(2).strip() for m in _LISTED.finditer(prompt)]
+        last = [m.group(2).strip() for m in _LISTED.finditer(prompt.rsplit("Results for", 1)[-1])]
+        if self.name == "frequent":
+            top = Counter(self.answers).most_common(1)
+            return _answer(top[0][0] if top else UNKNOWN, "The most frequent answer.")
+        if self.name == "random":
+            rng = random.Random(zlib.crc32(self.task.id.encode()))
+            return _answer(rng.choice(self.answers) if self.answers else UNKNOWN, "A guess.")
+        if self.name == "first_result":
+            if self.turn == 1:
+                return Demonstrator._turn(
+                    "I search the question.", "search", {"query": self.task.prompt}
+                )
+            return _answer(titles[0] if titles else UNKNOWN, "The first result's title.")
+        if self.name == "listed_title":
+            hit = next((t for t in titles if self.env.score(self.task, t) >= 1.0), None)
+            if hit is not None:
+                return _answer(hit, "A title the listing shows.")
+            if self.turn <= len(self.searches):
+                return Demonstrator._turn("I search.", "search", self.searches[self.turn - 1])
+            return _answer(last[0] if last else UNKNOWN, "The last listing's first title.")
+        raise ValueError(f"unknown trivial strategy {self.name!r}; known: {', '.join(TRIVIAL)}")
+
+
+TRIVIAL = ("first_result", "listed_title", "frequent", "random")
+
+
+def audit_reply(
+    env: Environment, tokenizer: Any, budget: int, answers: list[str]
+) -> Callable[[str, str], str]:
+    """The reply function of a :class:`~acmrl.engines.scripted.ScriptedEngine` that plays every
+    audit episode: an episode id ``<task>#<arm>#ceiling`` is the arm's :class:`CeilingPolicy`,
+    ``<task>#react#<trivial>`` a :class:`Trivial` strategy (policy, summariser and querier calls
+    alike)."""
+    tasks = {t.id: t for split in env.splits for t in env.tasks(split)}
+    players: dict[str, Callable[[str, str], str]] = {}
+
+    def reply(session_id: str, prompt: str) -> str:
+        eid = session_id.removesuffix("/summariser").removesuffix("/querier")
+        if eid not in players:
+            task_id, arm, strategy = eid.rsplit("#", 2)
+            task = tasks[task_id]
+            players[eid] = (
+                CeilingPolicy(env, task, arm, budget, tokenizer)
+                if strategy == "ceiling"
+                else Trivial(strategy, env, task, answers)
+            )
+        return players[eid](session_id, prompt)
+
+    return reply

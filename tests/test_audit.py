@@ -1,0 +1,93 @@
+"""acmrl audit: the ceilings of a task set, measured through the real agent loop.
+
+On ``kb_search chain`` no trivial strategy may score (the test the benchmark is held to), the
+react ceiling stays low for a structural reason (three long documents do not fit the budget), and
+the managing arms reach every answer, ``acm`` through its archive on the recall questions. On
+``tiny`` the same audit exposes the shortcut that makes it a smoke test: a title in a search
+listing is the answer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from acmrl.config import AuditConfig
+from acmrl.envs import load
+from acmrl.eval.audit import run_audit
+from acmrl.teacher.ceiling import extract
+
+
+def _audit(tmp_path, default_model_dir, preset, limit, **agent):
+    cfg = AuditConfig(output=str(tmp_path / preset))
+    cfg.model.name = str(default_model_dir)
+    cfg.env.options = {"preset": preset, "seed": 0}
+    cfg.env.limit = limit
+    for key, value in agent.items():
+        setattr(cfg.agent, key, value)
+    report = run_audit(cfg)
+    return {(r["strategy"], r["arm"]): r for r in report["strategies"]}, report
+
+
+def test_chain_admits_no_trivial_answer_and_needs_context_management(tmp_path, default_model_dir):
+    rows, report = _audit(tmp_path, default_model_dir, "chain", 20)
+    assert report["on_overflow"] == "force_answer" and report["tasks"] == 20
+    for name in ("first_result", "listed_title", "frequent", "random"):
+        assert rows[(name, "react")]["pass@1"] <= 0.10, (name, rows[(name, "react")])
+    assert rows[("ceiling", "react")]["pass@1"] <= 0.40
+    assert rows[("ceiling", "react")]["overflow"] >= 0.9  # the third document never fits
+    for arm in ("acm", "summary"):
+        assert rows[("ceiling", arm)]["pass@1"] >= 0.90, arm
+    # acm reads the membership back from its archive on exactly the recall questions (6 of 20)
+    assert rows[("ceiling", "acm")]["query_memory"] == pytest.approx(6 / 20)
+    assert rows[("ceiling", "summary")]["query_memory"] == 0
+    md = (tmp_path / "chain" / "audit.md").read_text()
+    assert "| ceiling | acm | 1.000" in md and json.loads(
+        (tmp_path / "chain" / "audit.json").read_text()
+    )
+
+
+def test_tiny_shows_its_shortcut(tmp_path, default_model_dir):
+    rows, _ = _audit(tmp_path, default_model_dir, "tiny", 8, max_context_tokens=1300)
+    # a react agent that answers from the listing of "<town> <year>" needs no context tool
+    assert rows[("ceiling", "react")]["pass@1"] == 1.0
+    assert rows[("listed_title", "react")]["pass@1"] == 1.0
+    assert rows[("ceiling", "react")]["compactions"] == 0
+
+
+def test_an_audit_resumes_from_its_episodes(tmp_path, default_model_dir):
+    _, first = _audit(tmp_path, default_model_dir, "tiny", 2, max_context_tokens=1300)
+    path = tmp_path / "tiny" / "episodes.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:-3]) + "\n")  # as if killed three episodes early
+    _, again = _audit(tmp_path, default_model_dir, "tiny", 2, max_context_tokens=1300)
+    assert len(path.read_text().splitlines()) == len(lines)
+    assert again["strategies"] == first["strategies"]
+
+
+def test_the_ceiling_answers_only_from_evidence_in_view():
+    """A ledger question's evidence is the birth sentence and the ledger line, each from its own
+    document; the recall question's membership can be asked of the archive."""
+    env = load("kb_search", preset="chain", seed=0)
+    ledger = next(t for t in env.tasks("eval") if t.metadata["question"] == "ledger")
+    recall = next(t for t in env.tasks("eval") if t.metadata["question"] == "recall")
+    born, line = env.answer_evidence(ledger)
+    assert " was born in " in born.text and ledger.answer in line.text
+    assert line.selector in born.text and born.doc_id != line.doc_id
+    guild, member = env.answer_evidence(recall)
+    assert member.selector in guild.text and recall.answer in member.text and member.query
+    head = f"Archived steps S1:\nresult: {member.text} X holds member number 1 in the Y Guild."
+    assert extract(f"{head}\n\nQuestion: {member.query}\n\nAnswer with only") == member.text
+
+
+def test_audit_cli_rejects_an_unknown_strategy(tmp_path):
+    res = subprocess.run(
+        [sys.executable, "-m", "acmrl.cli", "audit", "trivial=[oracle]", f"output={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 2
+    assert "trivial: unknown strategies ['oracle']" in res.stderr
