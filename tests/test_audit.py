@@ -43,6 +43,13 @@ def test_chain_admits_no_trivial_answer_and_needs_context_management(tmp_path, d
     # acm reads the membership back from its archive on exactly the recall questions (6 of 20)
     assert rows[("ceiling", "acm")]["query_memory"] == pytest.approx(6 / 20)
     assert rows[("ceiling", "summary")]["query_memory"] == 0
+    # the react ceiling never answers what its context does not show: at the overflow it has
+    # lost the first document, and says so
+    for line in (tmp_path / "chain" / "episodes.jsonl").read_text().splitlines():
+        ep = json.loads(line)
+        if ep["episode_id"].endswith("#react#ceiling"):
+            last = [a for s in ep["steps"] for a in s["actions"]][-1]
+            assert last == {"name": "answer", "arguments": {"text": "unknown"}}, ep["episode_id"]
     md = (tmp_path / "chain" / "audit.md").read_text()
     assert "| ceiling | acm | 1.000" in md and json.loads(
         (tmp_path / "chain" / "audit.json").read_text()
@@ -65,6 +72,12 @@ def test_an_audit_resumes_from_its_episodes(tmp_path, default_model_dir):
     _, again = _audit(tmp_path, default_model_dir, "tiny", 2, max_context_tokens=1300)
     assert len(path.read_text().splitlines()) == len(lines)
     assert again["strategies"] == first["strategies"]
+
+
+def test_an_audit_refuses_episodes_of_other_settings(tmp_path, default_model_dir):
+    _audit(tmp_path, default_model_dir, "tiny", 1, max_context_tokens=1300)
+    with pytest.raises(ValueError, match=r"agent.max_context_tokens: 1300 -> 3000"):
+        _audit(tmp_path, default_model_dir, "tiny", 1, max_context_tokens=3000)
 
 
 def test_the_ceiling_answers_only_from_evidence_in_view():

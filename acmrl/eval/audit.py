@@ -14,6 +14,7 @@ The episodes go to ``episodes.jsonl`` as they end (a rerun continues), then ``au
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,61 @@ def strategies(cfg: AuditConfig) -> list[tuple[str, str]]:
     return [("ceiling", arm) for arm in cfg.arms] + [(t, "react") for t in cfg.trivial]
 
 
+SETTINGS = "audit-settings.json"
+
+
+def settings(cfg: AuditConfig) -> dict[str, Any]:
+    """What an episode's outcome depends on: the agent section, the tasks and the tokenizer (a
+    rerun may add arms, strategies or tasks, never change these)."""
+    return {
+        "agent": dataclasses.asdict(cfg.agent),
+        "env": {"name": cfg.env.name, "options": cfg.env.options, "split": cfg.env.split},
+        "tokenizer": cfg.model.name,
+    }
+
+
+def check_settings(out: Path, now: dict[str, Any]) -> None:
+    """Record the settings of the episodes in ``out``; refuse to add to episodes run under
+    others, naming what changed (a report would otherwise mix them under the new header)."""
+    from acmrl.eval.run import _atomic_write
+
+    path = out / SETTINGS
+    if not path.exists():
+        if (out / EPISODES).exists():
+            raise ValueError(
+                f"{out / EPISODES} has no {SETTINGS} beside it: its settings are unknown; use "
+                "another output folder or remove it"
+            )
+        _atomic_write(path, json.dumps(now, indent=1, sort_keys=True))
+        return
+    before, after = _flat(json.loads(path.read_text())), _flat(now)
+    changed = [
+        f"{k}: {before.get(k)!r} -> {after.get(k)!r}"
+        for k in sorted(set(before) | set(after))
+        if before.get(k) != after.get(k)
+    ]
+    if changed:
+        raise ValueError(
+            f"{out} holds audit episodes run under other settings ({'; '.join(changed)}); use "
+            "another output folder or remove it"
+        )
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested settings as dotted keys.
+
+    >>> _flat({"agent": {"budget": 1300}, "tokenizer": "m"})
+    {'agent.budget': 1300, 'tokenizer': 'm'}
+    """
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and k != "options":
+            out |= _flat(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     """Run the audit's episodes (those not already in the output) and write its report."""
     from acmrl.eval.run import _atomic_write
@@ -45,9 +101,10 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     budget = context_budget(cfg.agent, env)
     tasks = env.tasks(cfg.env.split)[: cfg.env.limit]
     train = env.tasks("train") if "train" in env.splits else tasks
-    answers = [answer_text(t) for t in train]
+    answers = [(t.id, answer_text(t)) for t in train]
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
+    check_settings(out, settings(cfg))
     writer = TrajectoryWriter(out / EPISODES)
     sampling = SamplingConfig(max_new_tokens=4096)  # a script's turn is never cut
     episodes = [

@@ -17,7 +17,8 @@ with three changes that make it the best an arm can do without knowing the answe
   has seen elsewhere (a membership in a guild no document has yet named is not known to matter);
 - a missing piece of evidence is recovered the arm's way: ``acm`` asks its archive
   (``query_memory``, answered by a keyword extract of the archived steps), ``memory`` reads its
-  memory, every arm may read the document again.
+  memory (for a detail it knew to matter when its reflections wrote it), every arm may read the
+  document again.
 
 The trivial strategies (:data:`TRIVIAL`) play the ``react`` arm and read nothing but search
 listings, if that.
@@ -119,7 +120,9 @@ class CeilingPolicy(Demonstrator):
                     self.queried.add(sid)
                     args = {"summary_id": sid, "query": ev.query}
                     return self._turn(f"I need {ev.query} from {sid}.", "query_memory", args)
-        if self.arm == "memory" and not self.read_memory:
+        # a detail whose selector came later was not known to matter when the reflections wrote
+        # the memory: reading the memory cannot bring it back, only its document can
+        if self.arm == "memory" and not self.read_memory and ev.selector is None:
             self.read_memory = True
             return self._turn("What I need may be in my memory; I will read it.", "read_memory", {})
         if ev.doc_id is None:
@@ -164,10 +167,15 @@ class Trivial:
     with the first result's title; ``listed_title`` makes the plan's searches and answers with a
     title a listing shows when one is an accepted answer (an upper bound of answering from
     titles), else the last listing's first; ``frequent`` answers the training split's most
-    frequent answer; ``random`` a training answer drawn per task."""
+    frequent answer; ``random`` a training answer drawn per task (``answers``: (task id,
+    answer) of the training split; the task's own is left out)."""
 
-    def __init__(self, name: str, env: Environment, task: Task, answers: list[str]) -> None:
-        self.name, self.env, self.task, self.answers = name, env, task, answers
+    def __init__(
+        self, name: str, env: Environment, task: Task, answers: list[tuple[str, str]]
+    ) -> None:
+        self.name, self.env, self.task = name, env, task
+        # the training answers of other tasks (an audit of the train split never sees its own)
+        self.answers = [a for task_id, a in answers if task_id != task.id]
         self.searches = [a for n, a in env.oracle_plan(task) if n == "search"]
         self.turn = 0
 
@@ -201,7 +209,7 @@ TRIVIAL = ("first_result", "listed_title", "frequent", "random")
 
 
 def audit_reply(
-    env: Environment, tokenizer: Any, budget: int, answers: list[str]
+    env: Environment, tokenizer: Any, budget: int, answers: list[tuple[str, str]]
 ) -> Callable[[str, str], str]:
     """The reply function of a :class:`~acmrl.engines.scripted.ScriptedEngine` that plays every
     audit episode: an episode id ``<task>#<arm>#ceiling`` is the arm's :class:`CeilingPolicy`,
