@@ -909,7 +909,13 @@ class EvalConfig:
     sampling: SamplingConfig = section(
         SamplingConfig, "sampling (greedy by default)", stop=["</tool_call>"]
     )
-    agent: AgentConfig = section(AgentConfig, "the agent loop and context management")
+    agent: AgentConfig = section(
+        AgentConfig,
+        "the agent loop and context management; an eval answers at an overflow (force_answer, "
+        "the fair rule: an arm without context tools is asked for its answer, as the managing "
+        "arms get to give one) unless told otherwise",
+        on_overflow="force_answer",
+    )
     env: EnvConfig = section(EnvConfig, "the tasks (the eval split by default)")
     engine: EngineConfig = section(EngineConfig, "the generation backend")
     arms: list[str] = option(list(ARMS), "arms to evaluate; react is the baseline of the deltas")

@@ -236,7 +236,7 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
         e = EvalConfig(
             model=dataclasses.replace(infer, name=model_name),
             sampling=greedy,
-            agent=agent,
+            agent=dataclasses.replace(agent, on_overflow="force_answer"),  # the fair rule
             env=dataclasses.replace(env, split=split, limit=limit or z.eval_tasks),
             arms=list(arms),
             engine=wide,

@@ -103,6 +103,12 @@ def test_arm_summary_and_paired_differences():
     assert acm["cache_reuse"] == 0.5 and acm["cache_reuse_bound"] == 0.8
     assert d["pass@1_abs"] == pytest.approx(0.4) and d["pass@1_rel"] == pytest.approx(2.0)
     assert d["pass@1_paired_low"] > 0  # 4 tasks flip to success, none the other way
+    # exact McNemar: 4 discordant pairs, all one way: p = 2 * C(4, 0) / 2**4 = 0.125, so the
+    # bootstrap interval excludes 0 where the exact test does not reject at 0.05
+    assert (d["only_arm"], d["only_react"], d["pass@1_mcnemar_p"]) == (4, 0, 0.125)
+    assert any(
+        "exact McNemar p = 0.125 (4 tasks solved by acm alone, 0" in n for n in report["notes"]
+    )
     assert d["peak_abs"] == -100
     assert any("relative gain" in n for n in report["notes"])  # react is at 0.2: flagged below 0.3
     assert any("excludes 0" in n for n in report["notes"])
@@ -118,9 +124,11 @@ def oracle_engine(env, tokenizer, pressure=0.75, budget=1400):
 def test_eval_writes_a_full_report_and_compare_reads_two(tmp_path, tokenizer):
     env = load("kb_search", preset="tiny", seed=0)
     cfg = EvalConfig(output=str(tmp_path / "a"), arms=["react", "acm"], machine="test CPU")
+    assert cfg.agent.on_overflow == "force_answer"  # the fair rule is an eval's default
     cfg.env.options = {"preset": "tiny", "seed": 0}
     cfg.env.limit = 4
     cfg.agent.max_context_tokens = 1400
+    cfg.agent.on_overflow = "fail"  # this report's react fails where it overflows
     report = run_eval(cfg, engine=oracle_engine(env, tokenizer))
     out = tmp_path / "a"
     for name in [
@@ -174,6 +182,7 @@ def test_report_over_benchmarks_says_where_a_gain_holds(tmp_path, tokenizer):
         cfg.env.options = {"preset": "tiny", "seed": seed}
         cfg.env.limit = 3
         cfg.agent.max_context_tokens = budget
+        cfg.agent.on_overflow = "fail"  # react fails where it overflows, at the tight budget
         run_eval(cfg, engine=oracle_engine(env, tokenizer, budget=budget))
     text = multi_report([tmp_path / "s0", tmp_path / "s1"], output=tmp_path / "table.md")
     rows = [line for line in text.splitlines() if line.startswith("| kb_search")]

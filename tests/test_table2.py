@@ -83,6 +83,7 @@ def _oracle_eval(out: Path, name: str, options: dict, budget: int) -> dict:
     cfg.env.name, cfg.env.options, cfg.env.split = name, options, "eval"
     cfg.agent.max_context_tokens = budget
     cfg.agent.context_signal = True
+    cfg.agent.on_overflow = "fail"  # the rule docs/eval.md's oracle Table 2 was measured under
     return run_eval(cfg)
 
 

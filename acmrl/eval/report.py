@@ -181,6 +181,35 @@ def paired_bootstrap(
     return Paired(sum(d) / len(d), lo, hi, len(tasks))
 
 
+@dataclass(frozen=True)
+class McNemar:
+    """Exact McNemar test of paired successes: ``only_a`` pairs where a succeeded and b failed,
+    ``only_b`` the reverse, ``p`` the two-sided exact (binomial) p-value."""
+
+    only_a: int
+    only_b: int
+    p: float
+
+
+def mcnemar(a: dict[str, list[float]], b: dict[str, list[float]]) -> McNemar:
+    """The exact McNemar test over the episodes both have, paired by task and sample (a score of
+    1 is a success). With ``n`` discordant pairs and ``m`` the smaller side,
+    ``p = min(1, 2 * sum_{i<=m} C(n, i) / 2**n)``.
+
+    >>> mcnemar({"t1": [0.0], "t2": [0.0], "t3": [1.0]}, {"t1": [1.0], "t2": [1.0], "t3": [1.0]})
+    McNemar(only_a=0, only_b=2, p=0.5)
+    >>> t = {f"t{i}": [1.0] for i in range(10)}
+    >>> mcnemar({k: [0.0] for k in t}, t).p  # 10 of 10 discordant pairs one way: 2 / 1024
+    0.001953125
+    """
+    pairs = [(x, y) for t in sorted(set(a) & set(b)) for x, y in zip(a[t], b[t], strict=False)]
+    only_a = sum(x >= 1.0 > y for x, y in pairs)
+    only_b = sum(y >= 1.0 > x for x, y in pairs)
+    n, m = only_a + only_b, min(only_a, only_b)
+    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(m + 1)) / 2**n) if n else 1.0
+    return McNemar(only_a, only_b, p)
+
+
 def per_task(rows: list[dict[str, Any]], key: str = "success") -> dict[str, list[float]]:
     """``key`` of each episode row, grouped by ``task_id`` (the pairs of :func:`paired_bootstrap`)."""
     out: dict[str, list[float]] = {}
@@ -264,12 +293,16 @@ def build_report(rows: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, 
                 continue
             s = summary[a]
             paired = paired_bootstrap(per_task(per_arm["react"]), per_task(per_arm[a]))
+            exact = mcnemar(per_task(per_arm["react"]), per_task(per_arm[a]))
             diffs[a] = {
                 "pass@1_abs": s["pass@1"] - base["pass@1"],
                 "pass@1_rel": _rel(s["pass@1"], base["pass@1"]),
                 "pass@1_paired_low": paired.low,
                 "pass@1_paired_high": paired.high,
                 "paired_tasks": paired.tasks,
+                "pass@1_mcnemar_p": exact.p,
+                "only_react": exact.only_a,
+                "only_arm": exact.only_b,
                 "tool_calls_abs": s["tool_calls"] - base["tool_calls"],
                 "tool_calls_rel": _rel(s["tool_calls"], base["tool_calls"]),
                 "peak_abs": s["peak_context_tokens"] - base["peak_context_tokens"],
@@ -288,9 +321,15 @@ def reading_notes(report: dict[str, Any]) -> list[str]:
     for a, d in diffs.items():
         lo, hi = d["pass@1_paired_low"], d["pass@1_paired_high"]
         sig = "excludes" if lo > 0 or hi < 0 else "includes"
+        exact = (
+            f"; exact McNemar p = {d['pass@1_mcnemar_p']:.3g} ({d['only_arm']} tasks solved by "
+            f"{a} alone, {d['only_react']} by react alone)"
+            if "pass@1_mcnemar_p" in d
+            else ""
+        )
         notes.append(
             f"{a} vs react: Pass@1 {d['pass@1_abs']:+.3f} absolute; the paired 95% interval over "
-            f"{d['paired_tasks']} tasks is [{lo:+.3f}, {hi:+.3f}] and {sig} 0."
+            f"{d['paired_tasks']} tasks is [{lo:+.3f}, {hi:+.3f}] and {sig} 0{exact}."
         )
         if base is not None and base["pass@1"] < 0.3 and d["pass@1_rel"] is not None:
             notes.append(

@@ -17,7 +17,7 @@ from typing import Any
 
 from acmrl.config import EvalConfig, RolloutConfig
 from acmrl.engines.base import Engine
-from acmrl.eval.report import build_report, paired_bootstrap, rows_from
+from acmrl.eval.report import build_report, mcnemar, paired_bootstrap, rows_from
 from acmrl.rollout.prompts import DEFAULT_BUDGET
 from acmrl.rollout.run import run_rollout
 from acmrl.rollout.worker import read_trajectories
@@ -185,6 +185,7 @@ DIFF_FIELDS = [
     "pass@1_rel",
     "pass@1_paired_low",
     "pass@1_paired_high",
+    "pass@1_mcnemar_p",
     "tool_calls_abs",
     "tool_calls_rel",
     "peak_abs",
@@ -430,9 +431,11 @@ def compare(a: str | Path, b: str | Path, output: str | Path | None = None) -> s
                 tb.setdefault(r["task_id"], []).append(float(r["score"] >= 1.0))
         p = paired_bootstrap(ta, tb)
         if p.tasks:
+            exact = mcnemar(ta, tb)
             lines.append(
                 f"| {arm} | Pass@1 B - A, paired 95% CI over {p.tasks} tasks | | | "
-                f"[{p.low:+.3f}, {p.high:+.3f}] | |"
+                f"[{p.low:+.3f}, {p.high:+.3f}] | exact McNemar p {exact.p:.3g} "
+                f"({exact.only_b} B only, {exact.only_a} A only) |"
             )
     text = "\n".join(lines) + "\n"
     if output is not None:

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from acmrl.eval.report import paired_bootstrap, per_task
+from acmrl.eval.report import mcnemar, paired_bootstrap, per_task
 from acmrl.rewards import RewardWeights, compaction_points, trajectory_reward
 from acmrl.rollout.records import fact_retention
 
@@ -98,12 +98,13 @@ def versus_start(
         fa, fb = arm_figures(a), arm_figures(b)
         p_pass = paired_bootstrap(per_task(a, "success"), per_task(b, "success"))
         p_rew = paired_bootstrap(per_task(a, "reward"), per_task(b, "reward"))
+        exact = mcnemar(per_task(a, "success"), per_task(b, "success"))
         ca, cb = fa["cost_per_success"], fb["cost_per_success"]
         rel = (cb - ca) / ca if ca == ca and cb == cb and ca > 0 else float("nan")
         lines += [
             f"| {arm} | Pass@1 | {fa['pass@1']:.3f} | {fb['pass@1']:.3f} | "
             f"{fb['pass@1'] - fa['pass@1']:+.3f} | [{p_pass.low:+.3f}, {p_pass.high:+.3f}] "
-            f"over {p_pass.tasks} tasks |",
+            f"over {p_pass.tasks} tasks; exact McNemar p {exact.p:.3g} |",
             f"| {arm} | mean reward | {fa['reward']:.3f} | {fb['reward']:.3f} | "
             f"{fb['reward'] - fa['reward']:+.3f} | [{p_rew.low:+.3f}, {p_rew.high:+.3f}] |",
             f"| {arm} | Compaction Cost per success | {ca:.0f} | {cb:.0f} | {cb - ca:+.0f} | "
