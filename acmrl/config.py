@@ -573,6 +573,13 @@ class TeacherConfig:
         min=0.0,
         max=1.0,
     )
+    policy: Literal["expert", "best"] = option(
+        "expert",
+        "demonstrations: expert, the plan of every arm alike (compacting at the pressure); best, "
+        "each arm's own best scripted policy (acmrl audit's ceiling): it answers once the "
+        "answer's evidence is in view (a react demonstration uses every shortcut the "
+        "observations allow) and brings a missing detail back its arm's way (acm: query_memory)",
+    )
     switch_arms: bool = option(
         True,
         "oracle: inject manage_context into a react run that nears the budget, as the ACM "

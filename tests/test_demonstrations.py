@@ -281,3 +281,30 @@ def test_cited_answers_quote_the_event_document_just_read(world, tokenizer):
         a = teacher.assess(task, x, 1300)
         assert a.kind == "correction" and a.action["arguments"]["text"] == task.answer
         assert a.rationale.startswith("My answer does not match what I have read. " + start)
+
+
+def test_each_arm_demonstrates_its_own_best_policy_on_chain(tokenizer):
+    """teacher.policy=best: the acm teacher asks its archive for the recall questions' detail,
+    the summary teacher reads the document again, and a react teacher, whose best policy cannot
+    reach the third document, fails (so nothing of it is trained by default)."""
+    env = load("kb_search", preset="chain", seed=0)
+    tasks = env.tasks("eval")[:7]  # 5 ledger, 2 recall questions
+    demos = demonstrate(
+        env,
+        tasks,
+        ["react", "summary", "acm"],
+        tokenizer,
+        agent=AgentConfig(max_turns=30, on_overflow="force_answer"),
+        sampling=SamplingConfig(max_new_tokens=96),
+        policy="best",
+    )
+    by = {(d.task_id, d.arm): d for d in demos}
+    for task in tasks:
+        acm, summary, react = (by[(task.id, arm)] for arm in ("acm", "summary", "react"))
+        assert acm.score == summary.score == 1.0 and react.score == 0.0, task.id
+        calls = [a["name"] for s in acm.steps for a in s.actions]
+        recall = task.metadata["question"] == "recall"
+        assert ("query_memory" in calls) == recall, (task.id, calls)
+        # the answer turn cites the sentence in view that states the answer
+        last = [s for s in acm.steps if s.call is not None][-1]
+        assert last.text.startswith(env.answer_evidence(task)[-1].text.rstrip(".")), last.text

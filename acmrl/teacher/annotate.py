@@ -184,6 +184,7 @@ def annotate_tasks(
             pressure_spread=cfg.teacher.pressure_spread or None,
             answers=cfg.teacher.answers,
             late_share=cfg.teacher.late_share,
+            policy=cfg.teacher.policy,
         )
         by_task: dict[str, list[dict[str, Any]]] = {}
         for d in demos:

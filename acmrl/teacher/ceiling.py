@@ -76,8 +76,21 @@ def extract(prompt: str) -> str:
 class CeilingPolicy(Demonstrator):
     """The best scripted policy of one arm on one task (see the module docstring)."""
 
-    def __init__(self, env: Environment, task: Task, arm: str, budget: int, tokenizer: Any):
-        super().__init__(env, task, arm, budget, tokenizer, pressure=1.0, late=True)
+    def __init__(
+        self,
+        env: Environment,
+        task: Task,
+        arm: str,
+        budget: int,
+        tokenizer: Any,
+        *,
+        pressure: float = 1.0,
+        late: bool = True,
+    ) -> None:
+        """``pressure`` and ``late`` as the expert's; the defaults (compact only when the next
+        result would not fit) are the cheapest timing, the audit's; demonstrations may draw
+        others (``teacher.pressure_spread``, ``teacher.late_share``)."""
+        super().__init__(env, task, arm, budget, tokenizer, pressure=pressure, late=late)
         self.evidence = env.answer_evidence(task)
         self.queried: set[str] = set()
 
@@ -89,11 +102,8 @@ class CeilingPolicy(Demonstrator):
         missing = [e for e in self.evidence if e.text not in prompt]
         if not missing:
             self.seen += "\n" + prompt
-            return self._turn(
-                "My context shows what the answer needs.",
-                ANSWER_TOOL,
-                {"text": answer_text(self.task)},
-            )
+            args = {"text": answer_text(self.task)}
+            return self._turn(self._because(prompt), ANSWER_TOOL, args)
         if FORCED in prompt:
             return self._turn(
                 "My context no longer holds what the answer needs.", ANSWER_TOOL, {"text": UNKNOWN}
@@ -110,6 +120,18 @@ class CeilingPolicy(Demonstrator):
             self.seen += "\n" + prompt
             return turn
         return super().__call__(session_id, prompt)
+
+    def _because(self, prompt: str) -> str:
+        """The answer turn's rationale: the sentence in view that states the answer, where the
+        environment names one ("In 1954 the register of X recorded the ledger code HH-9279, so I
+        can give my answer now."), else the expert's."""
+        stated = [e.text for e in self.evidence if e.doc_id is not None]
+        if stated:
+            return f"{stated[-1].rstrip('.')}, so I can give my answer now."
+        return (
+            self._answer_rationale(prompt)
+            or "The answer is in my context, so I can give my answer now."
+        )
 
     def _recover(self, prompt: str, ev: Evidence) -> str | None:
         """A call that brings back ``ev`` once the plan is read through: the archive (acm), the

@@ -331,9 +331,11 @@ def demonstrate(
     answers: str = "plain",
     late_share: float = 0.0,
     concurrency: int = 16,
+    policy: str = "expert",
 ) -> list[Trajectory]:
     """One demonstration per task and arm, run through the real agent loop; all policy turns are
-    marked as the teacher's."""
+    marked as the teacher's. ``policy``: ``expert`` (:class:`Demonstrator`) or ``best`` (each
+    arm's :class:`~acmrl.teacher.ceiling.CeilingPolicy`)."""
     episodes = [
         Episode(f"{task.id}#{arm}#demo", env, task, arm, tokenizer, agent=agent, sampling=sampling)
         for task in tasks
@@ -342,7 +344,7 @@ def demonstrate(
     if not episodes:
         return []
     engine = oracle_engine(
-        env, tokenizer, episodes[0].budget, pressure, pressure_spread, answers, late_share
+        env, tokenizer, episodes[0].budget, pressure, pressure_spread, answers, late_share, policy
     )
     run_episodes(episodes, engine, concurrency=concurrency)
     out = []
@@ -371,12 +373,14 @@ def oracle_engine(
     pressure_spread: list[float] | None = None,
     answers: str = "plain",
     late_share: float = 0.0,
+    policy: str = "expert",
 ) -> Any:
     """The oracle's expert plan as an engine: any episode whose id is ``<task>#<arm>#<n>`` is
     played by a :class:`Demonstrator` of that task and arm (policy, summariser and querier
     calls alike; compacting at :func:`pressure_for` of the task, or only when forced where
     :func:`is_late`), so every arm runs the same
-    policy. :func:`demonstrate` runs on it, and ``acmrl eval engine.kind=oracle``: Table 2 with
+    policy; with ``policy="best"`` by the arm's own best scripted policy
+    (:class:`~acmrl.teacher.ceiling.CeilingPolicy`, with the same compaction points). :func:`demonstrate` runs on it, and ``acmrl eval engine.kind=oracle``: Table 2 with
     the policy held fixed, what each arm's context handling alone gives."""
     tasks = {t.id: t for split in env.splits for t in env.tasks(split)}
     demos: dict[str, Demonstrator] = {}
@@ -387,9 +391,16 @@ def oracle_engine(
         if eid not in demos:
             at = pressure_for(task_id, pressure, pressure_spread)
             late = is_late(task_id, late_share)
-            demos[eid] = Demonstrator(
-                env, tasks[task_id], arm, budget, tokenizer, at, answers, late
-            )
+            if policy == "best":
+                from acmrl.teacher.ceiling import CeilingPolicy  # it builds on Demonstrator
+
+                demos[eid] = CeilingPolicy(
+                    env, tasks[task_id], arm, budget, tokenizer, pressure=at, late=late
+                )
+            else:
+                demos[eid] = Demonstrator(
+                    env, tasks[task_id], arm, budget, tokenizer, at, answers, late
+                )
         return demos[eid](session_id, prompt)
 
     return ScriptedEngine(tokenizer, reply, truncate=False)
