@@ -89,10 +89,20 @@ def test_the_ceiling_answers_only_from_evidence_in_view():
     born, line = env.answer_evidence(ledger)
     assert " was born in " in born.text and ledger.answer in line.text
     assert line.selector in born.text and born.doc_id != line.doc_id
-    guild, member = env.answer_evidence(recall)
-    assert member.selector in guild.text and recall.answer in member.text and member.query
+    lodge, member = env.answer_evidence(recall)
+    assert member.selector in lodge.text and recall.answer in member.text and member.query
     head = f"Archived steps S1:\nresult: {member.text} X holds member number 1 in the Y Guild."
     assert extract(f"{head}\n\nQuestion: {member.query}\n\nAnswer with only") == member.text
+
+
+def test_a_mixture_routes_each_task_to_its_worlds_evidence():
+    """Every method a ceiling reads is routed: a mixture of chain worlds must not fall back to
+    'the answer in view', which would let react answer a recall question from the list."""
+    mix = load("mixture", env="kb_search", seeds=[1, 2], options={"preset": "chain"})
+    world = load("kb_search", preset="chain", seed=2)
+    task = world.tasks("train")[3]
+    assert mix.answer_evidence(task) == world.answer_evidence(task)
+    assert len(mix.answer_evidence(task)) == 2
 
 
 def test_audit_cli_rejects_an_unknown_strategy(tmp_path):

@@ -199,7 +199,7 @@ def test_chain_questions_need_three_reads_and_carry_a_fact_to_the_last(chain):
         picker, stated = chain.answer_evidence(task)
         if task.metadata["question"] == "ledger":  # the first document's year picks the line
             assert (picker.doc_id, stated.doc_id) == (first, last)
-        else:  # the last document's guild picks the first document's membership
+        else:  # the last document's lodge picks the first document's membership
             assert (picker.doc_id, stated.doc_id) == (last, first)
         assert stated.selector in picker.text
 

@@ -21,8 +21,8 @@ budget holds about two:
   <person> was born?" The town's document lists a ledger code per year; the birth year, read in
   the first document, picks the line at the last step, so it must survive the compactions;
 - *recall* questions (``recall_share`` of them): "What member number does <person> hold in the
-  guild that meets in <the town ...>?" The person's document lists many guild memberships; only
-  the town's document, read last, says which guild matters, so the detail is needed after its
+  lodge that meets in <the town ...>?" The person's document lists many lodge memberships; only
+  the town's document, read last, says which lodge matters, so the detail is needed after its
   document has left the context: retrieving it from the archive (``query_memory``) or reading
   the document again.
 """
@@ -57,7 +57,7 @@ class KBConfig:
     question: str = "event"
     recall_share: float = 0.0  # code questions: share asking for a detail of the first document
     ledger_years: int = 12  # code questions: years in a town's ledger
-    memberships: int = 10  # code questions: guild memberships listed in a person's document
+    memberships: int = 10  # code questions: lodge memberships listed in a person's document
 
 
 PRESETS: dict[str, KBConfig] = {
@@ -226,17 +226,17 @@ class World:
             self._code_world(seed)
 
     def _code_world(self, seed: int) -> None:
-        """Ledgers, guilds and memberships of the code questions, from a stream of their own
+        """Ledgers, lodges and memberships of the code questions, from a stream of their own
         (the other presets' worlds are unchanged)."""
         x = self._x = random.Random(seed * 104729 + 17)
         self._codes: set[str] = set()
         for t in self.towns:
-            t.attrs["guild"] = self._names._take(lambda: f"{_syllables(x, 2).capitalize()} Guild")
+            t.attrs["lodge"] = self._names._take(lambda: f"{_syllables(x, 2).capitalize()} Lodge")
             years = x.sample(range(self.YEARS[0], self.YEARS[1] + 1), self.cfg.ledger_years)
             t.attrs["ledger"] = {year: self._code() for year in sorted(years)}
         for p in self.people:
-            guilds = x.sample(self.towns, min(self.cfg.memberships, len(self.towns)))
-            p.attrs["memberships"] = {t.attrs["guild"]: self._number() for t in guilds}
+            lodges = x.sample(self.towns, min(self.cfg.memberships, len(self.towns)))
+            p.attrs["memberships"] = {t.attrs["lodge"]: self._number() for t in lodges}
 
     def _code(self) -> str:
         """A fresh ledger code, e.g. ``KV-3081``."""
@@ -264,14 +264,14 @@ class World:
             town.attrs["ledger"] = dict(sorted(ledger.items()))
         return ledger.get(year)
 
-    def membership(self, person: Entity, guild: str, *, create: bool) -> str | None:
-        """The person's member number in ``guild``; a new membership when ``create`` and the
-        list has room (the document lists memberships by guild name, so a late one sits
+    def membership(self, person: Entity, lodge: str, *, create: bool) -> str | None:
+        """The person's member number in ``lodge``; a new membership when ``create`` and the
+        list has room (the document lists memberships by lodge name, so a late one sits
         among the others)."""
         held = person.attrs["memberships"]
-        if guild not in held and create and len(held) < self.cfg.memberships + 4:
-            held[guild] = self._number()
-        return held.get(guild)
+        if lodge not in held and create and len(held) < self.cfg.memberships + 4:
+            held[lodge] = self._number()
+        return held.get(lodge)
 
     def _add_event(self, names: _Names, town: Entity, year: int) -> Entity:
         ev = Entity(
@@ -302,8 +302,8 @@ class World:
                 f"{e.name} works for {a['employer'].name} as a {a['profession']}.",
                 f"The mentor of {e.name} was {a['mentor'].name}.",
             ] + [
-                membership_sentence(e.name, guild, number)
-                for guild, number in sorted(a.get("memberships", {}).items())
+                membership_sentence(e.name, lodge, number)
+                for lodge, number in sorted(a.get("memberships", {}).items())
             ]
         if e.kind == "org":
             return [
@@ -316,8 +316,8 @@ class World:
                 f"The {ev.name} was held in {e.name} in {ev.attrs['year']}."
                 for ev in sorted(a["events"], key=lambda ev: ev.attrs["year"])
             ]
-            if "guild" in a:
-                out.append(guild_sentence(a["guild"], e.name))
+            if "lodge" in a:
+                out.append(lodge_sentence(a["lodge"], e.name))
                 out += [ledger_sentence(e.name, y, code) for y, code in a["ledger"].items()]
             return out
         return [
@@ -436,7 +436,7 @@ def _code_question(kind: str, start: Entity, chain: list[tuple[str, Entity]]) ->
             f"{start.name} was born? Answer with the code."
         )
     return (
-        f"What member number does {start.name} hold in the guild that meets in "
+        f"What member number does {start.name} hold in the lodge that meets in "
         f"{_phrase(start, chain)}? Answer with the number."
     )
 
@@ -445,12 +445,12 @@ def ledger_sentence(town: str, year: int, code: str) -> str:
     return f"In {year} the register of {town} recorded the ledger code {code}."
 
 
-def guild_sentence(guild: str, town: str) -> str:
-    return f"The {guild} meets in {town}."
+def lodge_sentence(lodge: str, town: str) -> str:
+    return f"The {lodge} meets in {town}."
 
 
-def membership_sentence(person: str, guild: str, number: str) -> str:
-    return f"{person} holds member number {number} in the {guild}."
+def membership_sentence(person: str, lodge: str, number: str) -> str:
+    return f"{person} holds member number {number} in the {lodge}."
 
 
 class _ShortSplit(Exception):
@@ -596,11 +596,11 @@ class KBSearch(Environment):
         """A ``chain`` question (``kind`` ledger or recall), or None when the town's ledger or
         the person's memberships have no room for its answer."""
         town, born = chain[-1][1], start.attrs["born"]
-        guild = town.attrs["guild"]
+        lodge = town.attrs["lodge"]
         if kind == "ledger":
             answer = self.world.ledger_in(town, born, create=True)
         else:
-            answer = self.world.membership(start, guild, create=True)
+            answer = self.world.membership(start, lodge, create=True)
         if answer is None:
             return None
         task_id = f"kb_search/{self.preset}/s{self.seed}/{split}/{i:05d}"
@@ -614,8 +614,8 @@ class KBSearch(Environment):
         if kind == "ledger":
             facts = [birth, *links, ledger_sentence(town.name, born, answer)]
         else:
-            facts = [*links, guild_sentence(guild, town.name)]
-            facts.append(membership_sentence(start.name, guild, answer))
+            facts = [*links, lodge_sentence(lodge, town.name)]
+            facts.append(membership_sentence(start.name, lodge, answer))
         return Task(
             id=task_id,
             prompt=_code_question(kind, start, chain),
@@ -669,8 +669,8 @@ class KBSearch(Environment):
         the documents the expert reads: what a summary must keep for the rest of the task."""
         meta = self._meta[task.id]
         chain, event = meta["chain"], meta["event"]
-        if event is None:  # a code question: the ledger's year, or the guild that selects
-            pick = chain[-1].attrs["guild"] if meta["kind"] == "recall" else chain[0].attrs["born"]
+        if event is None:  # a code question: the ledger's year, or the lodge that selects
+            pick = chain[-1].attrs["lodge"] if meta["kind"] == "recall" else chain[0].attrs["born"]
             terms = [e.name for e in chain] + [str(pick), str(task.answer)]
         else:
             terms = [e.name for e in chain] + [str(chain[0].attrs["born"]), event.name]
@@ -681,26 +681,26 @@ class KBSearch(Environment):
         """What a policy must see to give the answer from its context. Event questions: the
         answer itself (its title, which a search listing may show). Code questions: the
         sentence that states the answer and the sentence that picks it (the birth year for a
-        ledger line; the town's guild for a membership), each with its document; a membership
-        is relevant only once the guild was read elsewhere, and can be asked of the archive."""
+        ledger line; the town's lodge for a membership), each with its document; a membership
+        is relevant only once the lodge was read elsewhere, and can be asked of the archive."""
         meta = self._meta[task.id]
         if meta["event"] is not None:
             return super().answer_evidence(task)
         chain = meta["chain"]
         person, town = chain[0], chain[-1]
-        born, guild = person.attrs["born"], town.attrs["guild"]
+        born, lodge = person.attrs["born"], town.attrs["lodge"]
         if meta["kind"] == "ledger":
             return [
                 Evidence(f"{person.name} was born in {born}.", person.doc_id),
                 Evidence(ledger_sentence(town.name, born, task.answer), town.doc_id, str(born)),
             ]
         return [
-            Evidence(guild_sentence(guild, town.name), town.doc_id),
+            Evidence(lodge_sentence(lodge, town.name), town.doc_id),
             Evidence(
-                membership_sentence(person.name, guild, task.answer),
+                membership_sentence(person.name, lodge, task.answer),
                 person.doc_id,
-                selector=guild,
-                query=f"the member number of {person.name} in the {guild}",
+                selector=lodge,
+                query=f"the member number of {person.name} in the {lodge}",
             ),
         ]
 

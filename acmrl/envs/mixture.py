@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from acmrl.envs.base import EnvError, Environment, Plan, Session, Task
+from acmrl.envs.base import EnvError, Environment, Evidence, Plan, Session, Task
 from acmrl.envs.scoring import Judge
 
 
@@ -74,6 +74,9 @@ class Mixture(Environment):
 
     def key_terms(self, task: Task) -> list[str]:
         return self._of(task).key_terms(task)
+
+    def answer_evidence(self, task: Task) -> list[Evidence]:
+        return self._of(task).answer_evidence(task)
 
     def score(self, task: Task, answer: str | None) -> float:
         return self._of(task).score(task, answer)

@@ -14,7 +14,7 @@ with three changes that make it the best an arm can do without knowing the answe
   does not know);
 - it compacts only when the next result would not fit (the cheapest timing), and its summaries
   keep the fact sentences the plan needs so far plus each evidence sentence whose relevance it
-  has seen elsewhere (a membership in a guild no document has yet named is not known to matter);
+  has seen elsewhere (a membership in a lodge no document has yet named is not known to matter);
 - a missing piece of evidence is recovered the arm's way: ``acm`` asks its archive
   (``query_memory``, answered by a keyword extract of the archived steps), ``memory`` reads its
   memory (for a detail it knew to matter when its reflections wrote it), every arm may read the
@@ -35,10 +35,11 @@ from collections.abc import Callable
 from typing import Any
 
 from acmrl.envs.base import ANSWER_TOOL, Environment, Evidence, Task
-from acmrl.teacher.demonstrate import Demonstrator
+from acmrl.teacher.demonstrate import _SIGNAL, Demonstrator
 from acmrl.teacher.oracle import _next_needed, _opened
 
-FORCED = "Give your final answer now"  # the harness's request at an overflow (force_answer)
+FORCED = "Give your final answer now"
+QUERY_ROOM = 160  # tokens a query_memory call and its extract may add to the context  # the harness's request at an overflow (force_answer)
 UNKNOWN = "unknown"
 _SUMMARY_ID = re.compile(r"\[(S\d+)\] summary of earlier steps")
 _LISTED = re.compile(r"^\[([^\]\s]+)\] ([^:\n]+):", re.MULTILINE)  # a search result line
@@ -121,6 +122,13 @@ class CeilingPolicy(Demonstrator):
             return turn
         return super().__call__(session_id, prompt)
 
+    def _size(self, prompt: str) -> int:
+        """The context size the agent sees: the harness's signal when it shows one."""
+        signals = _SIGNAL.findall(prompt)
+        return (
+            int(signals[-1]) if signals else len(self.tok.encode(prompt, add_special_tokens=False))
+        )
+
     def _because(self, prompt: str) -> str:
         """The answer turn's rationale: the sentence in view that states the answer, where the
         environment names one ("In 1954 the register of X recorded the ledger code HH-9279, so I
@@ -137,11 +145,19 @@ class CeilingPolicy(Demonstrator):
         """A call that brings back ``ev`` once the plan is read through: the archive (acm), the
         memory (memory), else its document again; None when none applies."""
         if self.arm == "acm" and ev.query:
-            for sid in _SUMMARY_ID.findall(prompt):
-                if sid not in self.queried:
-                    self.queried.add(sid)
-                    args = {"summary_id": sid, "query": ev.query}
-                    return self._turn(f"I need {ev.query} from {sid}.", "query_memory", args)
+            todo = [sid for sid in _SUMMARY_ID.findall(prompt) if sid not in self.queried]
+            if todo and not self.compacted and self._size(prompt) + QUERY_ROOM > self.budget:
+                # the extract would not fit beside what is in view: compact first (the notes
+                # keep what this step read), then ask
+                self.compacted = True
+                why = f"My context is at {self._size(prompt)} of {self.budget} tokens"
+                return self._turn(
+                    f"{why}, so I will compact before I ask my archive.", "manage_context", {}
+                )
+            if todo:
+                self.queried.add(todo[0])
+                args = {"summary_id": todo[0], "query": ev.query}
+                return self._turn(f"I need {ev.query} from {todo[0]}.", "query_memory", args)
         # a detail whose selector came later was not known to matter when the reflections wrote
         # the memory: reading the memory cannot bring it back, only its document can
         if self.arm == "memory" and not self.read_memory and ev.selector is None:
