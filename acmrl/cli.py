@@ -321,17 +321,28 @@ def eval_(
     overrides: Overrides = None,
     output: Annotated[
         Path | None,
-        typer.Option("--output", "-o", help="compare / report / versus: write the table here too"),
+        typer.Option(
+            "--output", "-o", help="compare / report / seeds / versus: write the table here too"
+        ),
     ] = None,
 ) -> None:
     """Evaluate a model per arm and write a report; `acmrl eval compare A B` compares two runs,
     `acmrl eval report A B C ...` puts several benchmarks in one Table 2,
+    `acmrl eval seeds A B C ...` the runs of several training seeds in one table,
     `acmrl eval versus START TRAINED [-c grpo.yaml]` a GRPO policy against its start."""
     args = list(overrides or [])
     if args and args[0] == "versus":
         if len(args) != 3:
             fail("usage: acmrl eval versus START TRAINED [--config GRPO_YAML] [--output FILE]")
         _versus(args[1], args[2], config, output)
+        return
+    if args and args[0] == "seeds":
+        from acmrl.eval.seeds import seeds_table
+
+        try:
+            typer.echo(seeds_table(args[1:], output))
+        except ValueError as exc:
+            fail(str(exc))
         return
     if args and args[0] == "report":
         from acmrl.eval.multi import multi_report

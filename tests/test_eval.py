@@ -303,3 +303,37 @@ def test_eval_versus_command_reads_the_grpo_runs_reward_weights(tmp_path):
     assert missing.exit_code != 0 and "nowhere has no episodes.jsonl" in missing.output
     usage = CliRunner().invoke(app, ["eval", "versus", str(tmp_path / "start")])
     assert usage.exit_code != 0 and "usage: acmrl eval versus" in usage.output
+
+
+def test_seeds_table_lists_every_run_and_pairs_the_arms(tmp_path, tokenizer):
+    """Two runs on the same tasks (the oracle at two compaction points stands in for two
+    training seeds): each run listed, mean [min, max] per arm, and per run the paired
+    difference of two arms with its exact McNemar p."""
+    from acmrl.eval.seeds import seeds_table
+
+    env = load("kb_search", preset="tiny", seed=0)
+    for name, pressure in (("s0", 0.75), ("s1", 0.9)):
+        cfg = EvalConfig(output=str(tmp_path / name), arms=["react", "summary", "acm"], plots=False)
+        cfg.env.options = {"preset": "tiny", "seed": 0}
+        cfg.env.limit = 4
+        cfg.agent.max_context_tokens = 1250
+        cfg.agent.on_overflow = "fail"
+        run_eval(cfg, engine=oracle_engine(env, tokenizer, pressure=pressure, budget=1250))
+    runs = [tmp_path / "s0", tmp_path / "s1"]
+    text = seeds_table(runs, output=tmp_path / "seeds.md")
+    reports = [json.loads((r / "report.json").read_text()) for r in runs]
+    for run, report in zip(runs, reports, strict=True):
+        assert f"| {run} | acm | {report['arms']['acm']['pass@1']:.3f}" in text
+    acm = [r["arms"]["acm"]["pass@1"] for r in reports]
+    mean = f"{sum(acm) / 2:.3f} [{min(acm):.3f}, {max(acm):.3f}]"
+    assert f"| acm | 2 | {mean} |" in text
+    pair = [line for line in text.splitlines() if line.startswith(f"| react | acm | {runs[0]} |")]
+    d = reports[0]["vs_react"]["acm"]
+    assert len(pair) == 1 and f"{d['only_arm']} / {d['only_react']}" in pair[0]
+    assert f"{d['pass@1_mcnemar_p']:.3g} |" in pair[0]
+    assert (tmp_path / "seeds.md").read_text() == text
+    other = EvalConfig(output=str(tmp_path / "other"), arms=["react"], plots=False)
+    other.env.options, other.env.limit = {"preset": "tiny", "seed": 0}, 2
+    run_eval(other, engine=oracle_engine(env, tokenizer))
+    with pytest.raises(ValueError, match="different tasks"):
+        seeds_table([runs[0], tmp_path / "other"])
