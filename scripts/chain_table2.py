@@ -1,0 +1,109 @@
+"""The fair Table 2 on kb_search chain: one student per training seed, reported on test worlds.
+
+    .venv/bin/python scripts/chain_table2.py OUT [--seeds 0 1 2] [--steps 100] [--dev]
+        [--test-tasks 25] [--dry-run]
+
+One dataset: each arm's best-policy demonstrations (``teacher.policy=best``; arms react, summary
+and acm) on 16 training tasks of each of worlds 1-10. Then, per seed: SFT of the default model on all
+of it (the demo's recipe: LoRA on the top 15 layers, lr 1e-3, 4,096-token batches), and an eval
+of the result in react, summary, memory and acm under ``force_answer`` on ``--test-tasks`` eval
+tasks of each test world (2000 and 2001), which nothing is chosen on. ``--dev`` also evaluates each
+seed on the dev worlds (1000 and 1001), the only ones to choose settings on. Finally
+``acmrl eval seeds`` over the test runs writes OUT/table2.md: every run, mean and range, and the
+paired acm/react and acm/summary differences with their McNemar p.
+
+Every stage resumes: a rerun skips the finished annotation, continues SFT from its checkpoint
+(``--auto-resume``) and each eval from its episodes. The stage configs are written to
+OUT/configs/ first, so a stage can be rerun by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+from acmrl.config import DemoConfig
+from acmrl.demo import _yaml, stage_configs
+
+TRAIN_WORLDS = list(range(1, 11))
+DEV_WORLDS = [1000, 1001]
+TEST_WORLDS = [2000, 2001]
+EVAL_ARMS = ["react", "summary", "memory", "acm"]
+
+
+def chain_env(env, seeds: list[int], split: str, per_world: int):
+    """The chain worlds ``seeds`` as one mixture, ``per_world`` tasks of ``split`` from each (a
+    limit would take them all from the first world)."""
+    inner = {"preset": "chain", f"n_{split}": per_world}
+    opts = {"env": "kb_search", "seeds": seeds, "options": inner}
+    return dataclasses.replace(env, options=opts, split=split, limit=None)
+
+
+def configs(out: Path, seeds: list[int], steps: int, test_tasks: int) -> dict[str, object]:
+    base = stage_configs(DemoConfig(size="default", output=str(out)))
+    annotate, sft, ev = base["annotate"], base["sft"], base["eval-sft"]
+    agent = dataclasses.replace(ev.agent, max_context_tokens=2048, max_turns=30)
+    annotate.env = chain_env(annotate.env, TRAIN_WORLDS, "train", 16)  # 160 tasks
+    annotate.agent = dataclasses.replace(annotate.agent, max_context_tokens=2048, max_turns=30)
+    annotate.arms = ["react", "summary", "acm"]
+    annotate.teacher.policy = "best"
+    annotate.output = str(out / "annotate")
+    out_cfgs: dict[str, object] = {"annotate": annotate}
+    for seed in seeds:
+        run = dataclasses.replace(sft, seed=seed, output=str(out / f"sft-s{seed}"))
+        run.dataset = str(out / "annotate")
+        run.optim = dataclasses.replace(sft.optim, max_steps=steps)
+        out_cfgs[f"sft-s{seed}"] = run
+        model = dataclasses.replace(ev.model, name=str(out / f"sft-s{seed}" / "final"))
+        for part, worlds in (("test", TEST_WORLDS), ("dev", DEV_WORLDS)):
+            env = chain_env(ev.env, worlds, "eval", test_tasks)
+            out_cfgs[f"eval-{part}-s{seed}"] = dataclasses.replace(
+                ev,
+                model=model,
+                agent=agent,
+                env=env,
+                arms=EVAL_ARMS,
+                output=str(out / f"eval-{part}-s{seed}"),
+            )
+    return out_cfgs
+
+
+def acmrl(*args: str) -> None:
+    cmd = [sys.executable, "-m", "acmrl.cli", *args]
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--steps", type=int, default=100, help="SFT steps per seed")
+    ap.add_argument("--test-tasks", type=int, default=25, help="eval tasks per world")
+    ap.add_argument("--dev", action="store_true", help="also evaluate on the dev worlds")
+    ap.add_argument("--dry-run", action="store_true", help="write the configs and stop")
+    args = ap.parse_args()
+    cfg_dir = args.out / "configs"
+    cfg_dir.mkdir(parents=True, exist_ok=True)
+    stages = configs(args.out, args.seeds, args.steps, args.test_tasks)
+    for name, cfg in stages.items():
+        (cfg_dir / f"{name}.yaml").write_text(_yaml(cfg))
+    if args.dry_run:
+        print(f"configs: {cfg_dir}")
+        return
+    if not (args.out / "annotate" / "dataset").exists():
+        acmrl("annotate", "--config", str(cfg_dir / "annotate.yaml"))
+    for seed in args.seeds:
+        if not (args.out / f"sft-s{seed}" / "final").exists():
+            acmrl("train", "sft", "--config", str(cfg_dir / f"sft-s{seed}.yaml"), "--auto-resume")
+        for part in ("test", "dev") if args.dev else ("test",):
+            acmrl("eval", "--config", str(cfg_dir / f"eval-{part}-s{seed}.yaml"))
+    tests = [str(args.out / f"eval-test-s{s}") for s in args.seeds]
+    acmrl("eval", "seeds", *tests, "--output", str(args.out / "table2.md"))
+
+
+if __name__ == "__main__":
+    main()
