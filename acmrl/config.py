@@ -578,7 +578,9 @@ class TeacherConfig:
         "demonstrations: expert, the plan of every arm alike (compacting at the pressure); best, "
         "each arm's own best scripted policy (acmrl audit's ceiling): it answers once the "
         "answer's evidence is in view (a react demonstration uses every shortcut the "
-        "observations allow) and brings a missing detail back its arm's way (acm: query_memory)",
+        "observations allow) and brings a missing detail back its arm's way (acm: query_memory); "
+        "its answer turn cites the sentence that states the answer where the environment names "
+        "one, so teacher.answers applies to expert demonstrations only",
     )
     switch_arms: bool = option(
         True,

@@ -3,8 +3,12 @@
     .venv/bin/python scripts/chain_table2.py OUT [--seeds 0 1 2] [--steps 100] [--dev]
         [--test-tasks 25] [--dry-run]
 
-One dataset: each arm's best-policy demonstrations (``teacher.policy=best``; arms react, summary
-and acm) on 16 training tasks of each of worlds 1-10. Then, per seed: SFT of the default model on all
+One dataset: each arm's best-policy demonstrations (``teacher.policy=best``; arms react,
+summary, memory and acm, under ``force_answer`` as the evals) on 16 training tasks of each of
+worlds 1-10. One model is trained on all of it. react's best policy fails every chain task (the
+third document never fits; ``acmrl audit``), and a failed demonstration teaches nothing, so the
+react arm gets no training episode of its own: the shared model's react runs are the skills the
+other arms' demonstrations taught, in react's prompt. Then, per seed: SFT of the default model on all
 of it (the demo's recipe: LoRA on the top 15 layers, lr 1e-3, 4,096-token batches), and an eval
 of the result in react, summary, memory and acm under ``force_answer`` on ``--test-tasks`` eval
 tasks of each test world (2000 and 2001), which nothing is chosen on. ``--dev`` also evaluates each
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -47,8 +52,10 @@ def configs(out: Path, seeds: list[int], steps: int, test_tasks: int) -> dict[st
     annotate, sft, ev = base["annotate"], base["sft"], base["eval-sft"]
     agent = dataclasses.replace(ev.agent, max_context_tokens=2048, max_turns=30)
     annotate.env = chain_env(annotate.env, TRAIN_WORLDS, "train", 16)  # 160 tasks
-    annotate.agent = dataclasses.replace(annotate.agent, max_context_tokens=2048, max_turns=30)
-    annotate.arms = ["react", "summary", "acm"]
+    annotate.agent = dataclasses.replace(
+        annotate.agent, max_context_tokens=2048, max_turns=30, on_overflow="force_answer"
+    )
+    annotate.arms = ["react", "summary", "memory", "acm"]
     annotate.teacher.policy = "best"
     annotate.output = str(out / "annotate")
     out_cfgs: dict[str, object] = {"annotate": annotate}
@@ -71,6 +78,19 @@ def configs(out: Path, seeds: list[int], steps: int, test_tasks: int) -> dict[st
     return out_cfgs
 
 
+def check_settings(out: Path, now: dict[str, int]) -> None:
+    """A rerun continues only what the same settings started: the task ids of a world built
+    with another ``--test-tasks`` name other questions, and a finished SFT of other steps would
+    be skipped as done."""
+    path = out / "protocol.json"
+    if path.exists():
+        before = json.loads(path.read_text())
+        changed = [f"{k}: {before.get(k)} -> {v}" for k, v in now.items() if before.get(k) != v]
+        if changed:
+            raise SystemExit(f"{out} was started with other settings ({'; '.join(changed)})")
+    path.write_text(json.dumps(now))
+
+
 def acmrl(*args: str) -> None:
     cmd = [sys.executable, "-m", "acmrl.cli", *args]
     print("$", " ".join(cmd), flush=True)
@@ -88,6 +108,7 @@ def main() -> None:
     args = ap.parse_args()
     cfg_dir = args.out / "configs"
     cfg_dir.mkdir(parents=True, exist_ok=True)
+    check_settings(args.out, {"steps": args.steps, "test_tasks": args.test_tasks})
     stages = configs(args.out, args.seeds, args.steps, args.test_tasks)
     for name, cfg in stages.items():
         (cfg_dir / f"{name}.yaml").write_text(_yaml(cfg))

@@ -105,6 +105,33 @@ def test_a_mixture_routes_each_task_to_its_worlds_evidence():
     assert len(mix.answer_evidence(task)) == 2
 
 
+def test_a_ceiling_never_answers_what_its_context_does_not_show(tmp_path, default_model_dir):
+    """code_nav names no evidence of its own (the default: the answer itself): a ceiling that
+    succeeds had the answer in its last prompt, and one whose summary dropped it reads again or
+    says it does not know, never the expert's answer from memory."""
+    from acmrl.models import load_tokenizer
+
+    cfg = AuditConfig(output=str(tmp_path / "code_nav"), arms=["react", "summary"], trivial=[])
+    cfg.model.name = str(default_model_dir)
+    cfg.env.name, cfg.env.options, cfg.env.limit = "code_nav", {}, 30
+    cfg.agent.max_context_tokens = 1000
+    run_audit(cfg)
+    tok = load_tokenizer(str(default_model_dir))
+    env = load("code_nav")
+    tasks = {t.id: t for t in env.tasks("eval")}
+    wins = 0
+    for line in (tmp_path / "code_nav" / "episodes.jsonl").read_text().splitlines():
+        ep = json.loads(line)
+        if ep["score"] < 1.0:
+            continue
+        wins += 1
+        last = [s["call"] for s in ep["steps"] if s.get("call")][-1]
+        shown = tok.decode(last["prompt_ids"])
+        evidence = env.answer_evidence(tasks[ep["task_id"]])
+        assert all(e.text in shown for e in evidence), ep["episode_id"]
+    assert wins >= 20
+
+
 def test_audit_cli_rejects_an_unknown_strategy(tmp_path):
     res = subprocess.run(
         [sys.executable, "-m", "acmrl.cli", "audit", "trivial=[oracle]", f"output={tmp_path}"],

@@ -107,7 +107,7 @@ def test_arm_summary_and_paired_differences():
     # bootstrap interval excludes 0 where the exact test does not reject at 0.05
     assert (d["only_arm"], d["only_react"], d["pass@1_mcnemar_p"]) == (4, 0, 0.125)
     assert any(
-        "exact McNemar p = 0.125 (4 tasks solved by acm alone, 0" in n for n in report["notes"]
+        "exact McNemar p = 0.125 (4 episodes solved by acm alone, 0" in n for n in report["notes"]
     )
     assert d["peak_abs"] == -100
     assert any("relative gain" in n for n in report["notes"])  # react is at 0.2: flagged below 0.3
@@ -332,8 +332,15 @@ def test_seeds_table_lists_every_run_and_pairs_the_arms(tmp_path, tokenizer):
     assert len(pair) == 1 and f"{d['only_arm']} / {d['only_react']}" in pair[0]
     assert f"{d['pass@1_mcnemar_p']:.3g} |" in pair[0]
     assert (tmp_path / "seeds.md").read_text() == text
-    other = EvalConfig(output=str(tmp_path / "other"), arms=["react"], plots=False)
-    other.env.options, other.env.limit = {"preset": "tiny", "seed": 0}, 2
-    run_eval(other, engine=oracle_engine(env, tokenizer))
+    fewer = EvalConfig(output=str(tmp_path / "fewer"), arms=["react", "summary", "acm"])
+    fewer.env.options, fewer.env.limit, fewer.plots = {"preset": "tiny", "seed": 0}, 2, False
+    fewer.agent.max_context_tokens, fewer.agent.on_overflow = 1250, "fail"
+    run_eval(fewer, engine=oracle_engine(env, tokenizer, budget=1250))
     with pytest.raises(ValueError, match="different tasks"):
-        seeds_table([runs[0], tmp_path / "other"])
+        seeds_table([runs[0], tmp_path / "fewer"])
+    fairer = EvalConfig(output=str(tmp_path / "fairer"), arms=["react", "summary", "acm"])
+    fairer.env.options, fairer.env.limit, fairer.plots = {"preset": "tiny", "seed": 0}, 4, False
+    fairer.agent.max_context_tokens = 1250  # force_answer, the default
+    run_eval(fairer, engine=oracle_engine(env, tokenizer, budget=1250))
+    with pytest.raises(ValueError, match=r"other settings .*\(on_overflow\)"):
+        seeds_table([runs[0], tmp_path / "fairer"])

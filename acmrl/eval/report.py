@@ -192,22 +192,32 @@ class McNemar:
 
 
 def mcnemar(a: dict[str, list[float]], b: dict[str, list[float]]) -> McNemar:
-    """The exact McNemar test over the episodes both have, paired by task and sample (a score of
-    1 is a success). With ``n`` discordant pairs and ``m`` the smaller side,
+    """The exact McNemar test over the keys both have (a score of 1 is a success), one pair per
+    key: key the episodes by task and sample (:func:`per_episode`). With several samples per
+    task the pairs are not independent; the bootstrap interval, which resamples tasks, is the
+    figure to read then. With ``n`` discordant pairs and ``m`` the smaller side,
     ``p = min(1, 2 * sum_{i<=m} C(n, i) / 2**n)``.
 
-    >>> mcnemar({"t1": [0.0], "t2": [0.0], "t3": [1.0]}, {"t1": [1.0], "t2": [1.0], "t3": [1.0]})
+    >>> mcnemar({"t1#0": [0.0], "t2#0": [0.0], "t3#0": [1.0]}, {"t1#0": [1.0], "t2#0": [1.0], "t3#0": [1.0]})
     McNemar(only_a=0, only_b=2, p=0.5)
     >>> t = {f"t{i}": [1.0] for i in range(10)}
     >>> mcnemar({k: [0.0] for k in t}, t).p  # 10 of 10 discordant pairs one way: 2 / 1024
     0.001953125
     """
-    pairs = [(x, y) for t in sorted(set(a) & set(b)) for x, y in zip(a[t], b[t], strict=False)]
+    keys = sorted(set(a) & set(b))
+    if any(len(a[k]) != 1 or len(b[k]) != 1 for k in keys):
+        raise ValueError("mcnemar pairs one episode per key: key them by task and sample")
+    pairs = [(a[k][0], b[k][0]) for k in keys]
     only_a = sum(x >= 1.0 > y for x, y in pairs)
     only_b = sum(y >= 1.0 > x for x, y in pairs)
     n, m = only_a + only_b, min(only_a, only_b)
     p = min(1.0, 2 * sum(math.comb(n, i) for i in range(m + 1)) / 2**n) if n else 1.0
     return McNemar(only_a, only_b, p)
+
+
+def per_episode(rows: list[dict[str, Any]], key: str = "success") -> dict[str, list[float]]:
+    """``key`` of each episode row under ``<task_id>#<sample>`` (the pairs of :func:`mcnemar`)."""
+    return {f"{r['task_id']}#{r.get('sample', 0)}": [r[key]] for r in rows}
 
 
 def per_task(rows: list[dict[str, Any]], key: str = "success") -> dict[str, list[float]]:
@@ -293,7 +303,7 @@ def build_report(rows: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, 
                 continue
             s = summary[a]
             paired = paired_bootstrap(per_task(per_arm["react"]), per_task(per_arm[a]))
-            exact = mcnemar(per_task(per_arm["react"]), per_task(per_arm[a]))
+            exact = mcnemar(per_episode(per_arm["react"]), per_episode(per_arm[a]))
             diffs[a] = {
                 "pass@1_abs": s["pass@1"] - base["pass@1"],
                 "pass@1_rel": _rel(s["pass@1"], base["pass@1"]),
@@ -322,8 +332,8 @@ def reading_notes(report: dict[str, Any]) -> list[str]:
         lo, hi = d["pass@1_paired_low"], d["pass@1_paired_high"]
         sig = "excludes" if lo > 0 or hi < 0 else "includes"
         exact = (
-            f"; exact McNemar p = {d['pass@1_mcnemar_p']:.3g} ({d['only_arm']} tasks solved by "
-            f"{a} alone, {d['only_react']} by react alone)"
+            f"; exact McNemar p = {d['pass@1_mcnemar_p']:.3g} ({d['only_arm']} episodes solved "
+            f"by {a} alone, {d['only_react']} by react alone)"
             if "pass@1_mcnemar_p" in d
             else ""
         )

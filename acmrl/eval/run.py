@@ -431,11 +431,18 @@ def compare(a: str | Path, b: str | Path, output: str | Path | None = None) -> s
                 tb.setdefault(r["task_id"], []).append(float(r["score"] >= 1.0))
         p = paired_bootstrap(ta, tb)
         if p.tasks:
-            exact = mcnemar(ta, tb)
+            pick = [
+                {f"{r['task_id']}#{r['sample']}": [float(r["score"] >= 1.0)] for r in rows}
+                for rows in (
+                    [r for r in rows_a if r["arm"] == arm],
+                    [r for r in rows_b if r["arm"] == arm],
+                )
+            ]
+            exact = mcnemar(*pick)
             lines.append(
                 f"| {arm} | Pass@1 B - A, paired 95% CI over {p.tasks} tasks | | | "
                 f"[{p.low:+.3f}, {p.high:+.3f}] | exact McNemar p {exact.p:.3g} "
-                f"({exact.only_b} B only, {exact.only_a} A only) |"
+                f"({exact.only_b} episodes B only, {exact.only_a} A only) |"
             )
     text = "\n".join(lines) + "\n"
     if output is not None:

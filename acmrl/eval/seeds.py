@@ -29,9 +29,30 @@ def _load(folder: Path) -> tuple[dict[str, Any], dict[str, dict[str, list[float]
     by_arm: dict[str, dict[str, list[float]]] = {}
     with (folder / "episodes.csv").open() as f:
         for row in csv.DictReader(f):
-            task = by_arm.setdefault(row["arm"], {}).setdefault(row["task_id"], [])
-            task.append(float(float(row["score"]) >= 1.0))
+            key = f"{row['task_id']}#{row.get('sample') or 0}"  # one pair per task and sample
+            by_arm.setdefault(row["arm"], {})[key] = [float(float(row["score"]) >= 1.0)]
     return report, by_arm
+
+
+SAME = ("env", "env_options", "split", "samples", "temperature", "on_overflow", "repeat_rule")
+
+
+def _check_alike(runs: list[tuple[Path, dict[str, Any], dict[str, Any]]]) -> None:
+    """The runs must differ in the model alone: the same tasks per arm, the same settings."""
+    first, report, by_arm = runs[0]
+    for folder, other, other_by_arm in runs[1:]:
+        changed = [k for k in SAME if report["meta"].get(k) != other["meta"].get(k)]
+        budgets = [{a: s["budget"] for a, s in r["arms"].items()} for r in (report, other)]
+        changed += ["budget"] if budgets[0] != budgets[1] else []
+        if changed:
+            raise ValueError(
+                f"{folder} was evaluated under other settings than {first} ({', '.join(changed)})"
+            )
+        for arm in set(by_arm) | set(other_by_arm):
+            if set(by_arm.get(arm, {})) != set(other_by_arm.get(arm, {})):
+                raise ValueError(
+                    f"the runs were evaluated on different tasks: {arm} in {folder} and {first}"
+                )
 
 
 def _spread(values: list[float], fmt: str) -> str:
@@ -44,9 +65,7 @@ def seeds_table(folders: list[str | Path], output: str | Path | None = None) -> 
     if len(folders) < 1:
         raise ValueError("acmrl eval seeds needs at least one result folder")
     runs = [(Path(f), *_load(Path(f))) for f in folders]
-    tasks = {frozenset(t for arm in by_arm.values() for t in arm) for _, _, by_arm in runs}
-    if len(tasks) > 1:
-        raise ValueError("the runs were evaluated on different tasks: compare runs of one task set")
+    _check_alike(runs)
     arms = [a for a in ARMS if any(a in r["arms"] for _, r, _ in runs)]
     lines = [
         f"# {len(runs)} runs, every one listed",

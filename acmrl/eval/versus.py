@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from acmrl.eval.report import mcnemar, paired_bootstrap, per_task
+from acmrl.eval.report import mcnemar, paired_bootstrap, per_episode, per_task
 from acmrl.rewards import RewardWeights, compaction_points, trajectory_reward
 from acmrl.rollout.records import fact_retention
 
@@ -40,6 +40,7 @@ def episode_figures(
     events = [e for s in traj.get("steps", []) for e in s.get("events", [])]
     return {
         "task_id": traj["task_id"],
+        "sample": traj.get("sample", 0),
         "success": float(float(traj.get("score", 0.0)) >= 1.0),
         "reward": reward,
         "cost": float(m.get("compaction_cost", 0.0)),
@@ -98,7 +99,7 @@ def versus_start(
         fa, fb = arm_figures(a), arm_figures(b)
         p_pass = paired_bootstrap(per_task(a, "success"), per_task(b, "success"))
         p_rew = paired_bootstrap(per_task(a, "reward"), per_task(b, "reward"))
-        exact = mcnemar(per_task(a, "success"), per_task(b, "success"))
+        exact = mcnemar(per_episode(a), per_episode(b))
         ca, cb = fa["cost_per_success"], fb["cost_per_success"]
         rel = (cb - ca) / ca if ca == ca and cb == cb and ca > 0 else float("nan")
         lines += [

@@ -38,8 +38,8 @@ from acmrl.envs.base import ANSWER_TOOL, Environment, Evidence, Task
 from acmrl.teacher.demonstrate import _SIGNAL, Demonstrator
 from acmrl.teacher.oracle import _next_needed, _opened
 
-FORCED = "Give your final answer now"
-QUERY_ROOM = 160  # tokens a query_memory call and its extract may add to the context  # the harness's request at an overflow (force_answer)
+FORCED = "Give your final answer now"  # the harness's request at an overflow (force_answer)
+QUERY_ROOM = 160  # tokens a query_memory call and its extract may add to the context
 UNKNOWN = "unknown"
 _SUMMARY_ID = re.compile(r"\[(S\d+)\] summary of earlier steps")
 _LISTED = re.compile(r"^\[([^\]\s]+)\] ([^:\n]+):", re.MULTILINE)  # a search result line
@@ -94,6 +94,7 @@ class CeilingPolicy(Demonstrator):
         super().__init__(env, task, arm, budget, tokenizer, pressure=pressure, late=late)
         self.evidence = env.answer_evidence(task)
         self.queried: set[str] = set()
+        self.reread = 0  # plan steps read again for evidence without a document
 
     def __call__(self, session_id: str, prompt: str) -> str:
         if session_id.endswith("/querier"):
@@ -116,11 +117,32 @@ class CeilingPolicy(Demonstrator):
             if doc and not _opened(doc, self.seen):
                 self.seen += f"\n[{doc}] (read)\n\n"
         name, _ = _next_needed(self.env, self.task, self.seen + "\n" + prompt, self.done, prompt)
-        turn = self._recover(prompt, missing[0]) if name == ANSWER_TOOL else None
+        if name != ANSWER_TOOL:
+            return super().__call__(session_id, prompt)
+        # the plan is read through and the evidence is not in view: bring it back, and never
+        # answer what the context does not show (the expert would: it knows the answer)
+        self.seen += "\n" + prompt
+        turn = self._recover(prompt, missing[0]) or self._read_again()
         if turn is not None:
-            self.seen += "\n" + prompt
             return turn
-        return super().__call__(session_id, prompt)
+        return self._turn(
+            "My context does not show the answer, and reading again did not bring it back.",
+            ANSWER_TOOL,
+            {"text": UNKNOWN},
+        )
+
+    def _read_again(self) -> str | None:
+        """The plan's last environment call once more, for evidence without a document of its
+        own (an observation a summary dropped); once per time the plan ends, None after."""
+        if self.reread >= 2:
+            return None
+        self.reread += 1
+        plan = self.env.oracle_plan(self.task)
+        step = next((s for s in reversed(plan) if s[0] != ANSWER_TOOL), None)
+        if step is None:
+            return None
+        self.done.append((step[0], json.dumps(step[1], sort_keys=True)))
+        return self._turn("What the answer needs has left my context; I read it again.", *step)
 
     def _size(self, prompt: str) -> int:
         """The context size the agent sees: the harness's signal when it shows one."""

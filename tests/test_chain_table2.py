@@ -1,0 +1,41 @@
+"""scripts/chain_table2.py, the fair Table 2 protocol: its stage configs (written by --dry-run)
+load, train on worlds that no dev or test world shares, and take tasks from every world."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from acmrl.config import AnnotateConfig, EvalConfig, SFTConfig, load_config
+from acmrl.envs import load
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _dry(out: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(ROOT / "scripts" / "chain_table2.py"), str(out), "--dry-run"]
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_the_protocol_trains_and_tests_on_separate_worlds(tmp_path):
+    res = _dry(tmp_path, "--seeds", "0", "1", "--steps", "7")
+    assert res.returncode == 0, res.stderr[-2000:]
+    cfgs = tmp_path / "configs"
+    annotate = load_config(AnnotateConfig, cfgs / "annotate.yaml", [])
+    assert annotate.teacher.policy == "best" and annotate.agent.on_overflow == "force_answer"
+    assert annotate.arms == ["react", "summary", "memory", "acm"]
+    train = set(annotate.env.options["seeds"])
+    for seed in (0, 1):
+        sft = load_config(SFTConfig, cfgs / f"sft-s{seed}.yaml", [])
+        assert (sft.seed, sft.optim.max_steps) == (seed, 7)
+        for part in ("dev", "test"):
+            ev = load_config(EvalConfig, cfgs / f"eval-{part}-s{seed}.yaml", [])
+            assert ev.agent.on_overflow == "force_answer" and ev.env.split == "eval"
+            assert not train & set(ev.env.options["seeds"]), part
+            assert ev.model.name.endswith(f"sft-s{seed}/final")
+    mix = load("mixture", **annotate.env.options)
+    assert len({t.id.split("/")[2] for t in mix.tasks("train")}) == len(train) == 10
+    # another --test-tasks would rename the test worlds' questions under the same ids: refused
+    again = _dry(tmp_path, "--seeds", "0", "--steps", "7", "--test-tasks", "10")
+    assert again.returncode != 0 and "test_tasks: 25 -> 10" in again.stderr
