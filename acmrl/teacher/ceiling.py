@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from acmrl.envs.base import ANSWER_TOOL, Environment, Evidence, Task
-from acmrl.teacher.demonstrate import _SIGNAL, Demonstrator
+from acmrl.teacher.demonstrate import Demonstrator
 from acmrl.teacher.oracle import _next_needed, _opened
 
 FORCED = "Give your final answer now"  # the harness's request at an overflow (force_answer)
@@ -143,13 +143,6 @@ class CeilingPolicy(Demonstrator):
             return None
         self.done.append((step[0], json.dumps(step[1], sort_keys=True)))
         return self._turn("What the answer needs has left my context; I read it again.", *step)
-
-    def _size(self, prompt: str) -> int:
-        """The context size the agent sees: the harness's signal when it shows one."""
-        signals = _SIGNAL.findall(prompt)
-        return (
-            int(signals[-1]) if signals else len(self.tok.encode(prompt, add_special_tokens=False))
-        )
 
     def _because(self, prompt: str) -> str:
         """The answer turn's rationale: the sentence in view that states the answer, where the

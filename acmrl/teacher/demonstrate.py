@@ -125,10 +125,7 @@ class Demonstrator:
         if session_id.endswith("/querier"):
             return "No archived facts were needed."
         self.seen += "\n" + prompt
-        # the size the agent sees when the harness signals it (agent.context_signal), else the
-        # size of the input itself
-        signals = _SIGNAL.findall(prompt)
-        n = int(signals[-1]) if signals else len(self.tok.encode(prompt, add_special_tokens=False))
+        n = self._size(prompt)
         name, args = _next_needed(self.env, self.task, self.seen, self.done, visible=prompt)
         # compact once the pressure is reached right after reading a document (its facts are
         # what a summary keeps), or whenever the next document would not fit (a late task: only
@@ -188,6 +185,14 @@ class Demonstrator:
             why = followed_plan(prompt, name, args)
         self.compacted = self.read_memory = False
         return self._turn(why or _describe(name, args, self.task), name, args)
+
+    def _size(self, prompt: str) -> int:
+        """The context size the agent sees: the harness's signal when it shows one, else the
+        size of the input itself."""
+        signals = _SIGNAL.findall(prompt)
+        return (
+            int(signals[-1]) if signals else len(self.tok.encode(prompt, add_special_tokens=False))
+        )
 
     @staticmethod
     def _in_view(args: dict[str, Any], prompt: str) -> bool:
