@@ -16,12 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from acmrl.arms.acm import ACM_TOOLS
 from acmrl.config import AgentConfig, SamplingConfig
 from acmrl.context.evolve import EVOLVE_TOOL_SCHEMA
 from acmrl.context.render import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, parse_completion
 from acmrl.engines.scripted import ScriptedEngine
 from acmrl.envs import load
-from acmrl.rollout import prompts
 from acmrl.rollout.agent import Episode
 from acmrl.rollout.worker import run_episodes
 
@@ -119,7 +119,7 @@ def random_completion(r: random.Random) -> str:
 
 ALL_TOOLS = [
     *load("kb_search", preset="tiny", seed=0).tools(),
-    *prompts.ACM_TOOLS,
+    *ACM_TOOLS,
     EVOLVE_TOOL_SCHEMA,
 ]
 

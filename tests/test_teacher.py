@@ -375,7 +375,7 @@ def test_injected_compaction_switches_a_react_run_to_acm(env, tiny):
     """Issue 14, item 2: the teacher injects manage_context into a run without context tools;
     the resumed episode is acm from the start (system prompt and tools rebuilt), the student's
     earlier turns replayed in it, and the compaction really runs."""
-    from acmrl.rollout.agent import arm_tools
+    from acmrl.arms import arm_tools
     from acmrl.train.samples import trajectory_samples
 
     task = env.tasks("eval")[0]
@@ -425,8 +425,8 @@ def test_injected_compaction_switches_a_react_run_to_acm(env, tiny):
 def test_teacher_evolve_edits_keep_what_the_plan_still_needs():
     """The generic keep-facts program, run in the sandbox on a real State, keeps the ids and the
     facts the expert plan needs; a program that drops them is refused, naming what it dropped."""
+    from acmrl.arms.evolve_edits import dropped, keep_facts_code, needed_terms, still_needed
     from acmrl.context.state import function_call, function_call_output, user
-    from acmrl.teacher.evolve_edits import dropped, keep_facts_code, needed_terms, still_needed
 
     env = load("kb_search", preset="tiny", seed=0)
     task = env.tasks("eval")[0]

@@ -2,13 +2,18 @@
 
 Phases, one handler each:
 
-- ``generate``: render the State (system prompt and tools included), check the budget, let the
-  ``summary`` arm's monitor fire, and ask for a policy completion;
+- ``generate``: render the State (system prompt and tools included), let the arm act before
+  the generation (the ``summary`` arm's monitor, ``acm``'s forced compaction), check the budget,
+  and ask for a policy completion;
 - ``tools``: run the parsed calls one by one: environment tools through the session, ``answer``,
-  and the arm's context tools (``manage_context`` and ``query_memory`` need a summariser or querier
-  model call; ``evolve`` runs in the sandbox);
-- ``summarise``: the ``summary`` arm's monitor, which replaces the history by a summary;
+  and the arm's own tools (:mod:`acmrl.arms`: ``manage_context`` and ``query_memory`` need a
+  summariser or querier model call; ``evolve`` runs in the sandbox; after an environment call
+  the ``memory`` arm's reflection runs);
 - ``done``: the trajectory is complete.
+
+What differs between arms lives in :mod:`acmrl.arms`; the episode calls its arm's hooks and
+offers them the public helpers below (``ask``, ``record``, ``event``, ``summarise``,
+``boundary``, ``output``, ``helper_ids``).
 
 The loop never talks to an engine: ``next_request()`` advances until a model call is needed and
 returns it, ``receive(completion)`` resumes. The worker batches the requests of many episodes.
@@ -24,13 +29,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from acmrl.config import ARMS, AgentConfig, SamplingConfig
-from acmrl.context.archive import Archive, ArchiveError
-from acmrl.context.evolve import EVOLVE_TOOL_SCHEMA, STATE_PROMPT, EvolveLimits, apply_evolve
+from acmrl.arms import arm_tools, get_arm
+from acmrl.arms.memory import MOVED
+from acmrl.config import AgentConfig, SamplingConfig
+from acmrl.context.archive import Archive
 from acmrl.context.prefix import compaction_cost, reusable_prefix
 from acmrl.context.render import Renderer, ToolCall, parse_completion, text_call
 from acmrl.context.state import (
-    EVOLVE_TOOL,
     State,
     assistant,
     function_call,
@@ -42,8 +47,6 @@ from acmrl.engines.base import Completion, Request
 from acmrl.envs.base import ANSWER_TOOL, Environment, Task
 from acmrl.rollout import prompts
 from acmrl.rollout.records import ContextEvent, ModelCall, Step, Trajectory, terms_kept
-
-MiB = 1024 * 1024
 
 
 class Episode:
@@ -64,8 +67,7 @@ class Episode:
         model: str = "",
         sample_helpers: bool = False,
     ) -> None:
-        if arm not in ARMS:
-            raise ValueError(f"unknown arm {arm!r}; arms: {', '.join(ARMS)}")
+        self.arm_def = get_arm(arm)  # what this arm does (acmrl.arms); names a wrong one
         self.id, self.env, self.task, self.arm = episode_id, env, task, arm
         self.agent, self.sampling, self.seed = agent, sampling, seed
         # helper calls that are trained (GRPO's train_helpers) must be sampled from the policy,
@@ -74,13 +76,13 @@ class Episode:
         self.budget = prompts.context_budget(agent, env)
         self.session = env.session(task)
         self.tools = arm_tools(self.session.tools, arm)
-        system = prompts.system_prompt(arm, self.budget, STATE_PROMPT)
+        system = self.arm_def.system_prompt(self.budget)
         self.renderer = Renderer(tokenizer, system, self.tools)
         self.helper_renderer = Renderer(tokenizer, None, [])
         self.state: State = [user(task.prompt)]
-        self.archive = Archive() if arm == "acm" else None
+        self.archive: Archive | None = None  # acm: what its compactions archived
         self.memory = ""  # the memory arm's external store (what the reflections kept)
-        self._raw: list[str] = []  # memory arm: call ids whose raw results are still in context
+        self.raw_results: list[str] = []  # memory arm: call ids whose raw results are in context
         self.phase = "generate"
         self.turn = 0
         self.queue: list[ToolCall] = []
@@ -91,10 +93,11 @@ class Episode:
         self._key_terms: list[str] | None = None  # env.key_terms(task), at the first summary
         self._resume: Callable[[Completion], None] | None = None
         self.pending_role = "policy"
-        self._step: Step | None = None
+        self.step: Step | None = None  # the policy step whose calls run
         self.traj = Trajectory(
             episode_id, task.id, env.name, arm, sample, seed, model, task.prompt, task.answer
         )
+        self.arm_def.start(self)
 
     @property
     def done(self) -> bool:
@@ -147,7 +150,7 @@ class Episode:
         if self.archive is not None:
             self.archive.close()
 
-    def _ask(self, role: str, ids: list[int], max_tokens: int, resume: Callable) -> Request:
+    def ask(self, role: str, ids: list[int], max_tokens: int, resume: Callable) -> Request:
         self._resume = resume
         self.pending_role = role  # the worker sends policy calls and helper calls to their engines
         suffix = "" if role == "policy" else f"/{role}"
@@ -164,7 +167,7 @@ class Episode:
         )
 
     @staticmethod
-    def _record(role: str, req_ids: list[int], c: Completion) -> ModelCall:
+    def record(role: str, req_ids: list[int], c: Completion) -> ModelCall:
         return ModelCall(
             role,
             req_ids,
@@ -182,29 +185,16 @@ class Episode:
             self.finish("max_turns")
             return None
         ids = self.renderer.ids(self.state)
-        if (
-            self.arm == "summary"
-            and len(ids) >= self.agent.summary_threshold * self.budget
-            and len(self.state) > 2
-        ):
-            self.phase = "summarise"
-            return None
-        force = self.agent.force_compaction
-        if (
-            self.arm == "acm"
-            and force is not None
-            and len(ids) >= force * self.budget
-            and self._boundary() < len(self.state)
-        ):
-            self.phase = "force_compact"
-            return None
+        own = self.arm_def.before_generate(self, ids)
+        if own is not None:  # the episode generates once the arm's request is answered
+            return own
         if len(ids) > self.budget and self.agent.on_overflow == "force_answer":
             return self._force_answer(len(ids))
         self._settle(ids)
         if len(ids) > self.budget:
             self.finish("overflow", f"the input has {len(ids)} tokens; the budget is {self.budget}")
             return None
-        return self._ask(
+        return self.ask(
             "policy", ids, self.sampling.max_new_tokens, lambda c: self._after_policy(ids, c)
         )
 
@@ -234,7 +224,7 @@ class Episode:
             return None
         self.state = [*state, note]
         self._settle(ids)
-        return self._ask(
+        return self.ask(
             "policy", ids, self.sampling.max_new_tokens, lambda c: self._after_forced(ids, c)
         )
 
@@ -243,7 +233,7 @@ class Episode:
         answer; anything else ends the episode 'overflow'."""
         self.last_input = ids + c.completion_ids
         parsed = parse_completion(c.text, self.tools)
-        step = Step(self.turn, self._record("policy", ids, c), c.text)
+        step = Step(self.turn, self.record("policy", ids, c), c.text)
         self.traj.steps.append(step)
         step.errors = [e.observation() for e in parsed.errors]
         answer = next((k for k in parsed.calls if k.name == ANSWER_TOOL), None)
@@ -258,38 +248,11 @@ class Episode:
             self.finish("overflow", "over the budget, and no answer when asked for one")
         self.traj.metrics["forced_answer"] = 1
 
-    def _on_force_compact(self) -> Request | None:
-        """``agent.force_compaction`` (acm): the harness compacts the steps since the last
-        summary, as ``manage_context`` would, and the turn goes on from the smaller input."""
-        start = self._boundary()
-        items = self.state[start:]
-        self.phase = "generate"  # resumes there once the summary is in
-
-        def done(summary: str, helper: ModelCall, facts: dict[str, int]) -> None:
-            assert self.archive is not None
-            sid = self.archive.put(items, summary)
-            self.state = [*self.state[:start], prompts.summary_item(summary, sid)]
-            step = Step(self.turn, None, origin="harness")
-            step.helper_calls.append(helper)
-            step.events.append(
-                self._event(
-                    "manage_context",
-                    0,
-                    helper,
-                    summary_id=sid,
-                    detail=f"forced at {self.agent.force_compaction:.0%} of the budget",
-                    **facts,
-                )
-            )
-            self.traj.steps.append(step)
-
-        return self._summarise(items, self.state[:start], done)
-
     def _after_policy(self, ids: list[int], c: Completion) -> None:
-        call = self._record("policy", ids, c)
+        call = self.record("policy", ids, c)
         self.last_input = ids + c.completion_ids
         parsed = parse_completion(c.text, self.tools)
-        self._step = step = Step(self.turn, call, c.text)
+        self.step = step = Step(self.turn, call, c.text)
         self.traj.steps.append(step)
         step.errors = [e.observation() for e in parsed.errors]
         if self.agent.text_call_rule and not parsed.calls and not step.errors:
@@ -323,7 +286,7 @@ class Episode:
     def _end_turn(self) -> None:
         self.turn += 1
         self.phase = "generate"
-        if self.agent.context_signal or (self.agent.harness_hint and self.arm in ("acm", "evolve")):
+        if self.agent.context_signal or (self.agent.harness_hint and self.arm_def.compacts):
             self._annotate_last()
 
     def _annotate_last(self) -> None:
@@ -347,40 +310,30 @@ class Episode:
         if not self.queue:
             if self.session.done:
                 self.finish("answered")
-            elif self._step is not None and self._step.errors:
-                self._observe_user("\n".join(self._step.errors))
+            elif self.step is not None and self.step.errors:
+                self._observe_user("\n".join(self.step.errors))
             else:
                 self._end_turn()
             return None
         call = self.queue.pop(0)
-        step = self._step
+        step = self.step
         assert step is not None
         call_id = f"call_{self.turn}_{len(step.actions)}"
         step.actions.append({"name": call.name, "arguments": call.arguments})
         self.state.append(function_call(call_id, call.name, call.arguments))
-        if call.name == prompts.MANAGE_CONTEXT:
-            return self._manage_context(call_id, call.tokens)
-        if call.name == prompts.QUERY_MEMORY:
-            return self._query_memory(call_id, call.arguments, call.tokens)
-        if call.name == EVOLVE_TOOL:
-            self._evolve(call)
-            return None
-        if call.name == prompts.READ_MEMORY:
-            self._output(call_id, self.memory or "My memory is empty.")
-            return None
+        if call.name in self.arm_def.tool_names:
+            return self.arm_def.run_call(self, call_id, call)
         key = (call.name, json.dumps(call.arguments, sort_keys=True))
         if self.agent.repeat_rule and call.name != ANSWER_TOOL and self._in_view(key):
-            self._output(call_id, repeated_call(call.name, self._env_calls[key][0]))
+            self.output(call_id, repeated_call(call.name, self._env_calls[key][0]))
             return None
         self._env_calls[key] = (self.turn, call_id)
         obs = self.session.call(call.name, call.arguments)
-        self._output(call_id, obs if isinstance(obs, str) else json.dumps(obs))
+        self.output(call_id, obs if isinstance(obs, str) else json.dumps(obs))
         if self.session.done:
             self.queue.clear()  # nothing runs after the answer
             return None
-        if self.arm == "memory":
-            return self._reflect(call_id)
-        return None
+        return self.arm_def.after_env_call(self, call_id)
 
     def _in_view(self, key: tuple[str, str]) -> bool:
         """Whether the result of an earlier identical environment call is still in the context
@@ -393,14 +346,14 @@ class Episode:
         return any(
             x["type"] == "function_call_output"
             and x["call_id"] == call_id
-            and not output_text(x).startswith(prompts.MOVED)
+            and not output_text(x).startswith(MOVED)
             for x in self.state
         )
 
-    def _output(self, call_id: str, text: str) -> None:
+    def output(self, call_id: str, text: str) -> None:
         self.state.append(function_call_output(call_id, text))
-        assert self._step is not None
-        self._step.observations.append(text)
+        assert self.step is not None
+        self.step.observations.append(text)
 
     # -- costs ------------------------------------------------------------------------------------
 
@@ -427,7 +380,7 @@ class Episode:
             call.tokens = max(0, upto - done)
             done = max(done, upto)
 
-    def _event(
+    def event(
         self,
         kind: str,
         call_tokens: int,
@@ -481,9 +434,9 @@ class Episode:
             e.compaction_cost = p.fixed + e.cache_cost
         self._pending = []
 
-    # -- acm: manage_context / query_memory -------------------------------------------------------
+    # -- helpers of the arms: compaction and helper calls -----------------------------------------
 
-    def _helper_ids(self, system: str, text: str) -> list[int]:
+    def helper_ids(self, system: str, text: str) -> list[int]:
         """The token ids of a helper call (summariser, querier, reflection): its own chat."""
         return self.helper_renderer.encode(
             self.helper_renderer.tokenizer.apply_chat_template(
@@ -491,11 +444,12 @@ class Episode:
             )
         )
 
-    def _boundary(self) -> int:
+    def boundary(self) -> int:
+        """The index of the first State item after the last summary (1: none yet)."""
         last = max((i for i, item in enumerate(self.state) if prompts.is_summary(item)), default=0)
         return last + 1
 
-    def _summarise(
+    def summarise(
         self,
         items: State,
         kept: State,
@@ -506,7 +460,7 @@ class Episode:
         terms in ``items`` and not in ``kept``, the context that stays)."""
         steps = prompts.items_text(items)
         text = prompts.summariser_prompt(self.agent).format(task=self.task.prompt, steps=steps)
-        ids = self._helper_ids(prompts.SUMMARISER_SYSTEM, text)
+        ids = self.helper_ids(prompts.SUMMARISER_SYSTEM, text)
         if self._key_terms is None:
             try:
                 self._key_terms = self.env.key_terms(self.task)
@@ -523,133 +477,9 @@ class Episode:
             summary = c.text.strip()
             n_in, n_kept = terms_kept(terms, steps, summary, prompts.items_text(kept))
             facts = {"facts_in": n_in, "facts_kept": n_kept}
-            on_done(summary, self._record("summariser", ids, c), facts)
+            on_done(summary, self.record("summariser", ids, c), facts)
 
-        return self._ask("summariser", ids, self.agent.summary_max_tokens, done)
-
-    def _manage_context(self, call_id: str, call_tokens: int) -> Request | None:
-        start, call_item = self._boundary(), self.state[-1]
-        items = self.state[start:-1]
-        if not items:
-            self._output(call_id, "Nothing to compact: no steps since the last summary.")
-            return None
-
-        def done(summary: str, helper: ModelCall, facts: dict[str, int]) -> None:
-            assert self.archive is not None and self._step is not None
-            sid = self.archive.put(items, summary)
-            self.state = [*self.state[:start], prompts.summary_item(summary, sid), call_item]
-            event = self._event("manage_context", call_tokens, helper, summary_id=sid, **facts)
-            self._step.helper_calls.append(helper)
-            self._step.events.append(event)
-            self._output(call_id, f"Compacted {len(items)} items into summary {sid}.")
-
-        return self._summarise(items, self.state[:start], done)
-
-    def _query_memory(self, call_id: str, args: dict[str, Any], call_tokens: int) -> Request | None:
-        assert self.archive is not None
-        sid = args["summary_id"].strip()
-        try:
-            items = self.archive.get(sid)
-        except ArchiveError as exc:
-            self._output(call_id, f"Error: {exc}")
-            return None
-        text = prompts.querier_prompt(self.agent).format(
-            summary_id=sid, steps=prompts.items_text(items), query=args["query"]
-        )
-        ids = self._helper_ids(prompts.QUERIER_SYSTEM, text)
-
-        def done(c: Completion) -> None:
-            assert self._step is not None
-            helper = self._record("querier", ids, c)
-            self._step.helper_calls.append(helper)
-            without = len(self.renderer.ids(self.state, add_generation_prompt=False))
-            self._output(call_id, f"[from {sid}] {c.text.strip() or '(nothing found)'}")
-            own = len(self.renderer.ids(self.state, add_generation_prompt=False)) - without
-            self._step.events.append(
-                self._event("query_memory", call_tokens, helper, own, summary_id=sid)
-            )
-
-        return self._ask("querier", ids, self.agent.query_max_tokens, done)
-
-    # -- memory arm: background reflection --------------------------------------------------------
-
-    def _reflect(self, call_id: str) -> Request:
-        """Distil the new call and its result into the memory (a helper call of its own, counted
-        as the summariser's); results the agent has already acted on leave the context."""
-        items = self.state[-2:]
-        text = prompts.REFLECT_PROMPT.format(
-            task=self.task.prompt,
-            memory=self.memory or "(empty)",
-            steps=prompts.items_text(items),
-        )
-        ids = self._helper_ids(prompts.SUMMARISER_SYSTEM, text)
-
-        def done(c: Completion) -> None:
-            assert self._step is not None
-            helper = self._record("summariser", ids, c)
-            self.memory = c.text.strip() or self.memory
-            moved = set(self._raw)
-            for item in self.state:
-                if item["type"] == "function_call_output" and item["call_id"] in moved:
-                    item["output"] = prompts.MOVED
-            self._raw = [call_id]
-            self._step.helper_calls.append(helper)
-            self._step.events.append(
-                self._event("memory", 0, helper, detail=f"moved {len(moved)} results")
-            )
-
-        return self._ask("summariser", ids, self.agent.summary_max_tokens, done)
-
-    # -- summary arm: the monitor -----------------------------------------------------------------
-
-    def _on_summarise(self) -> Request | None:
-        items = self.state[1:]
-
-        def done(summary: str, helper: ModelCall, facts: dict[str, int]) -> None:
-            self.state = [self.state[0], prompts.summary_item(summary or "(empty)", None)]
-            step = Step(self.turn, None, origin="harness")
-            step.helper_calls.append(helper)
-            step.events.append(self._event("summary", 0, helper, **facts))
-            self.traj.steps.append(step)
-            self.phase = "generate"
-
-        self.phase = "generate"  # resumes there once the summary is in
-        return self._summarise(items, self.state[:1], done)
-
-    # -- evolve -----------------------------------------------------------------------------------
-
-    def _evolve(self, call: ToolCall) -> None:
-        assert self._step is not None
-        limits = EvolveLimits(
-            time_ms=self.agent.evolve_time_ms, heap_bytes=self.agent.evolve_heap_mb * MiB
-        )
-        result = apply_evolve(
-            self.state,
-            limits,
-            renderer=self.renderer,
-            call_tokens=call.tokens,
-            output_weight=self.agent.output_weight,
-            before_ids=self.last_input,
-        )
-        self.state = result.state
-        self._step.observations.append(output_text(self.state[-1]))
-        # applied or refused, the edit is charged its generated tokens and the Cache Cost of
-        # the next input (the receipt's figures tell the model what the edit itself did)
-        self._step.events.append(
-            self._event(
-                "evolve", call.tokens, None, applied=result.applied, detail=result.error or ""
-            )
-        )
-
-
-def arm_tools(env_tools: list[dict[str, Any]], arm: str) -> list[dict[str, Any]]:
-    """The tools of an arm: the environment's, plus the arm's context tools."""
-    extra = {
-        "acm": prompts.ACM_TOOLS,
-        "evolve": [EVOLVE_TOOL_SCHEMA],
-        "memory": prompts.MEMORY_TOOLS,
-    }.get(arm, [])
-    return [*env_tools, *extra]
+        return self.ask("summariser", ids, self.agent.summary_max_tokens, done)
 
 
 def repeated_call(name: str, turn: int) -> str:

@@ -1,56 +1,17 @@
-"""System prompts, the ACM tool schemas, and the summariser and querier prompts of the arms."""
+"""The prompts every arm shares: the base system prompt, the summariser and querier prompts, the
+budget, and the summary messages (each arm's own prompt and tools: :mod:`acmrl.arms`)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from acmrl.context.render import tool_schema
 from acmrl.context.state import Item, State, message_text, output_text, user
 
 BASE_PROMPT = (
     "You are a research agent. Solve the task with the tools. Call one tool at a time and read "
     "its result before the next call. When you know the answer, call `answer` with only the answer."
 )
-
-ACM_PROMPT = (
-    "Your context holds at most {budget} tokens; beyond that the task fails. `manage_context()` "
-    "replaces your steps since the last summary with a short summary (the raw steps are archived "
-    "under the summary's id); `query_memory(summary_id, query)` answers a question from an "
-    "archived block. Compact before your context is full, and keep facts you will need later."
-)
-
-MEMORY_PROMPT = (
-    "You have a memory outside your context. After each tool result a background reflection "
-    "writes what matters into it, and once you have acted on a result the raw result leaves your "
-    "context. `read_memory()` shows your memory."
-)
-
-MANAGE_CONTEXT = "manage_context"
-QUERY_MEMORY = "query_memory"
-READ_MEMORY = "read_memory"
-MOVED = "(moved to memory; read_memory() shows what was kept)"
-
-MEMORY_TOOLS = [
-    tool_schema(READ_MEMORY, "Show your memory: what the reflections kept from your steps.", {})
-]
-
-ACM_TOOLS = [
-    tool_schema(
-        MANAGE_CONTEXT,
-        "Compress your steps since the last summary into a summary; the raw steps are archived "
-        "under the summary's id (e.g. S1) and leave your context.",
-        {},
-    ),
-    tool_schema(
-        QUERY_MEMORY,
-        "Ask a question about an archived block of your earlier steps; returns a short extract.",
-        {
-            "summary_id": {"type": "string", "description": "The id of a summary, e.g. S1."},
-            "query": {"type": "string", "description": "What you need from that block."},
-        },
-    ),
-]
 
 SUMMARISER_SYSTEM = "You write faithful, compact notes of an agent's work for the agent itself."
 
@@ -87,19 +48,6 @@ def querier_prompt(agent: Any) -> str:
     return agent.querier_prompt or QUERIER_PROMPT
 
 
-REFLECT_PROMPT = """Task of the agent:
-{task}
-
-Memory so far:
-{memory}
-
-Steps to summarise:
-{steps}
-
-Write the agent's updated memory in the first person: what the memory so far holds that the task
-may still need, and every fact, name, number, year and document id of these steps the task may
-still need. Write only the memory."""
-
 QUERIER_SYSTEM = "You extract the facts an agent asks for from its archived notes."
 
 QUERIER_PROMPT = """Archived steps {summary_id}:
@@ -125,16 +73,6 @@ def context_budget(agent: Any, env: Any) -> int:
     2048
     """
     return agent.max_context_tokens or env.max_context_tokens or DEFAULT_BUDGET
-
-
-def system_prompt(arm: str, budget: int, state_prompt: str) -> str:
-    if arm == "acm":
-        return f"{BASE_PROMPT}\n\n{ACM_PROMPT.format(budget=budget)}"
-    if arm == "evolve":
-        return f"{BASE_PROMPT}\n\n{state_prompt}"
-    if arm == "memory":
-        return f"{BASE_PROMPT}\n\n{MEMORY_PROMPT}"
-    return BASE_PROMPT
 
 
 def items_text(items: State) -> str:

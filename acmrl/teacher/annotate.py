@@ -16,10 +16,11 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from acmrl.arms import arm_tools
 from acmrl.config import AnnotateConfig
 from acmrl.engines.base import Engine
 from acmrl.envs import Environment, Task
-from acmrl.rollout.agent import Episode, arm_tools
+from acmrl.rollout.agent import Episode
 from acmrl.rollout.judge import load_env
 from acmrl.rollout.records import Trajectory
 from acmrl.rollout.run import make_engine
@@ -102,7 +103,7 @@ def _assess(
 
 
 def _still_needed(env: Environment, task: Task) -> list[str]:
-    from acmrl.teacher.evolve_edits import still_needed
+    from acmrl.arms.evolve_edits import still_needed
 
     try:
         return still_needed(task, env.oracle_plan(task))

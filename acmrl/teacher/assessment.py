@@ -103,7 +103,7 @@ def validate(
     """The reasons ``a`` is invalid (empty when it is valid). ``state`` is the State the student
     had at the edit: an ``evolve`` action's code is then run on it in the sandbox, and refused
     if its result lost one of the ``needed`` strings the State held (what the expert plan still
-    needs: ids to open, the answer; acmrl/teacher/evolve_edits.py)."""
+    needs: ids to open, the answer; acmrl/arms/evolve_edits.py)."""
     if a.kind not in KINDS:
         return [f"kind must be one of {', '.join(KINDS)}, got {a.kind!r}"]
     if a.kind == "no_action":
@@ -190,8 +190,8 @@ def _person(rationale: str) -> list[str]:
 
 def _check_evolve(code: Any, state: list[dict[str, Any]], needed: list[str]) -> list[str]:
     """Run the teacher's evolve code in the sandbox on the student's State at the edit."""
+    from acmrl.arms.evolve_edits import dropped
     from acmrl.context.evolve import apply_evolve, evolve_call
-    from acmrl.teacher.evolve_edits import dropped
 
     if not isinstance(code, str):
         return ["the evolve code must be a string"]

@@ -39,9 +39,7 @@ from acmrl.teacher.demonstrate import Demonstrator
 from acmrl.teacher.oracle import _next_needed, _opened
 
 FORCED = "Give your final answer now"  # the harness's request at an overflow (force_answer)
-QUERY_ROOM = 160  # tokens a query_memory call and its extract may add to the context
 UNKNOWN = "unknown"
-_SUMMARY_ID = re.compile(r"\[(S\d+)\] summary of earlier steps")
 _LISTED = re.compile(r"^\[([^\]\s]+)\] ([^:\n]+):", re.MULTILINE)  # a search result line
 _WORD = re.compile(r"[A-Z][\w'-]+|\d{3,}")
 
@@ -157,27 +155,12 @@ class CeilingPolicy(Demonstrator):
         )
 
     def _recover(self, prompt: str, ev: Evidence) -> str | None:
-        """A call that brings back ``ev`` once the plan is read through: the archive (acm), the
-        memory (memory), else its document again; None when none applies."""
-        if self.arm == "acm" and ev.query:
-            todo = [sid for sid in _SUMMARY_ID.findall(prompt) if sid not in self.queried]
-            if todo and not self.compacted and self._size(prompt) + QUERY_ROOM > self.budget:
-                # the extract would not fit beside what is in view: compact first (the notes
-                # keep what this step read), then ask
-                self.compacted = True
-                why = f"My context is at {self._size(prompt)} of {self.budget} tokens"
-                return self._turn(
-                    f"{why}, so I will compact before I ask my archive.", "manage_context", {}
-                )
-            if todo:
-                self.queried.add(todo[0])
-                args = {"summary_id": todo[0], "query": ev.query}
-                return self._turn(f"I need {ev.query} from {todo[0]}.", "query_memory", args)
-        # a detail whose selector came later was not known to matter when the reflections wrote
-        # the memory: reading the memory cannot bring it back, only its document can
-        if self.arm == "memory" and not self.read_memory and ev.selector is None:
-            self.read_memory = True
-            return self._turn("What I need may be in my memory; I will read it.", "read_memory", {})
+        """A call that brings back ``ev`` once the plan is read through: the arm's own way
+        (:meth:`acmrl.arms.Arm.recover`: acm asks its archive, memory reads its memory), else its
+        document again; None when none applies."""
+        own = self.arm_def.recover(self, prompt, ev)
+        if own is not None:
+            return self._turn(*own)
         if ev.doc_id is None:
             return None
         self.read_memory = False

@@ -39,6 +39,7 @@ import re
 import zlib
 from typing import Any
 
+from acmrl.arms import get_arm
 from acmrl.config import AgentConfig, SamplingConfig
 from acmrl.context.render import format_tool_call
 from acmrl.engines.scripted import ScriptedEngine
@@ -46,7 +47,6 @@ from acmrl.envs.base import Environment, Task
 from acmrl.rollout.agent import Episode
 from acmrl.rollout.records import Trajectory
 from acmrl.rollout.worker import run_episodes
-from acmrl.teacher.evolve_edits import keep_facts_code
 from acmrl.teacher.oracle import (
     NEXT,
     _describe,
@@ -109,6 +109,7 @@ class Demonstrator:
         late: bool = False,
     ) -> None:
         self.env, self.task, self.arm, self.budget = env, task, arm, budget
+        self.arm_def = get_arm(arm)  # what the arm's teacher does (acmrl.arms)
         self.answers = answers  # teacher.answers
         self.tok, self.pressure = tokenizer, pressure
         self.late = late  # compact only when the next result would not fit
@@ -125,14 +126,14 @@ class Demonstrator:
         if session_id.endswith("/querier"):
             return "No archived facts were needed."
         self.seen += "\n" + prompt
-        n = self._size(prompt)
+        n = self.size(prompt)
         name, args = _next_needed(self.env, self.task, self.seen, self.done, visible=prompt)
         # compact once the pressure is reached right after reading a document (its facts are
         # what a summary keeps), or whenever the next document would not fit (a late task: only
         # then, so it answers without compacting once nothing more is to be read)
         just_read = bool(self.done) and self.done[-1][0] == "open" and not self.late
         if (
-            self.arm in ("acm", "evolve")
+            self.arm_def.compacts
             and not self.compacted
             and self.done
             and (
@@ -143,36 +144,21 @@ class Demonstrator:
             self.compacted = True
             # short, so that the student's compaction turn fits its completion cap; what to
             # keep is the summary's job (or the evolve code's)
-            why = f"My context is at {n} of {self.budget} tokens"
-            if self.arm == "acm":
-                return self._turn(
-                    f"{why}, so I will compact my earlier steps before I go on.",
-                    "manage_context",
-                    {},
-                )
-            code = keep_facts_code(
+            call, call_args = self.arm_def.compaction(
                 self.task,
                 self.env.oracle_plan(self.task),
                 prompt,
                 repeats=len(set(self.done)) < len(self.done),
                 old_code=self.evolved,
             )
-            self.evolved = True
-            return self._turn(
-                f"{why}, so I will cut what I have read down to its facts.",
-                "evolve",
-                {"code": code},
-            )
-        if self.arm == "memory" and not self.read_memory and self.done:
-            # what moved to memory is read back before searching again or answering from it
-            again = name == "search" and (name, json.dumps(args, sort_keys=True)) in self.done
-            if again or (name == "answer" and not self._in_view(args, prompt)):
-                self.read_memory = True
-                return self._turn(
-                    "What I need has moved to my memory; I will read it.", "read_memory", {}
-                )
+            self.evolved = True  # evolve: its code can go once it has run
+            why = f"My context is at {n} of {self.budget} tokens"
+            return self._turn(f"{why}, {self.arm_def.demo_compaction_says}", call, call_args)
+        detour = self.arm_def.demo_detour(self, prompt, name, args)
+        if detour is not None:
+            return self._turn(*detour)
         gold = self.task.metadata.get("gold_docs") or []
-        if name == "answer" and gold and not self._in_view(args, prompt):
+        if name == "answer" and gold and not self.in_view(args, prompt):
             # the answer must come from what the context shows: read its document again (an
             # environment without documents has no such step: its plan's reads are done)
             name, args = (
@@ -180,13 +166,13 @@ class Demonstrator:
             )
         self.done.append((name, json.dumps(args, sort_keys=True)))
         why = self._answer_rationale(prompt) if name == "answer" else None
-        if self.compacted and self.arm == "acm" and why is None:
+        if self.compacted and self.arm_def.resumes_from_summary and why is None:
             # one rule for every turn right after a compaction: continue the summary's plan
             why = followed_plan(prompt, name, args)
         self.compacted = self.read_memory = False
         return self._turn(why or _describe(name, args, self.task), name, args)
 
-    def _size(self, prompt: str) -> int:
+    def size(self, prompt: str) -> int:
         """The context size the agent sees: the harness's signal when it shows one, else the
         size of the input itself."""
         signals = _SIGNAL.findall(prompt)
@@ -195,7 +181,7 @@ class Demonstrator:
         )
 
     @staticmethod
-    def _in_view(args: dict[str, Any], prompt: str) -> bool:
+    def in_view(args: dict[str, Any], prompt: str) -> bool:
         """Whether the answer is in the context: its text, or each part of a listed answer."""
         text = str(args.get("text", ""))
         return text in prompt or all(p.strip() in prompt for p in text.split(","))

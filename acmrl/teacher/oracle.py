@@ -27,10 +27,10 @@ import json
 import re
 from typing import Any
 
+from acmrl.arms import arm_tools, get_arm
 from acmrl.envs.base import ANSWER_TOOL, Environment, Task
 from acmrl.rollout.records import Trajectory
 from acmrl.teacher.assessment import Assessment, seen_text
-from acmrl.teacher.evolve_edits import keep_facts_code
 
 # evolve: keep, in every tool output so far, only the sentences that state a relation or a year
 # (and result lines, which start with an id); everything else of a document already read is filler
@@ -220,7 +220,7 @@ class OracleTeacher:
         self, task: Task, traj: Trajectory, steps: list[Any], budget: int
     ) -> Assessment | None:
         switch = traj.arm == "react" and self.switch_arms
-        if traj.arm not in ("acm", "evolve") and not switch:
+        if not get_arm(traj.arm).compacts and not switch:
             return None
         # a switched run replays the student's turns in the acm arm, whose system prompt and
         # tools are longer: its inputs are that much larger, and the edit must land where that
@@ -262,45 +262,36 @@ class OracleTeacher:
         self, task: Task, traj: Trajectory, steps: list[Any], i: int
     ) -> tuple[dict[str, Any], str]:
         """The compaction the student should make at step ``i`` and the sentence that says so:
-        ``manage_context`` (acm, or react switching to acm), or an ``evolve`` that cuts what was
-        read down to the facts the plan still needs."""
-        if traj.arm in ("acm", "react"):
-            return (
-                {"name": "manage_context", "arguments": {}},
-                "I will compact my earlier steps before I continue.",
-            )
+        its arm's compaction call (:meth:`acmrl.arms.Arm.compaction`: ``manage_context`` for
+        acm, and for react switching to acm; for evolve a program that cuts what was read down
+        to the facts the plan still needs)."""
+        arm = get_arm("acm" if traj.arm == "react" else traj.arm)
         before = [
             (a["name"], json.dumps(a["arguments"], sort_keys=True))
             for t in steps[:i]
             for a in t.actions
         ]
-        code = keep_facts_code(
+        name, args = arm.compaction(
             task,
             self.env.oracle_plan(task),
             seen_text(traj, i),
             repeats=len(set(before)) < len(before),
             old_code=any(name == "evolve" for name, _ in before),
         )
-        return (
-            {"name": "evolve", "arguments": {"code": code}},
-            "I will cut the documents I have read down to their facts.",
-        )
+        return {"name": name, "arguments": args}, arm.injection_says
 
     def _arm_overhead(self, task: Task, arm: str, other: str, budget: int) -> int:
         """How many tokens more ``other``'s first input holds than ``arm``'s on ``task`` (its
         system prompt and tools), as the student's tokenizer counts them; 0 without one."""
         if self.tokenizer is None:
             return 0
-        from acmrl.context.evolve import STATE_PROMPT
         from acmrl.context.render import Renderer
         from acmrl.context.state import user
-        from acmrl.rollout.agent import arm_tools
-        from acmrl.rollout.prompts import system_prompt
 
         tools = self.env.session(task).tools
 
         def first(a: str) -> int:
-            system = system_prompt(a, budget, STATE_PROMPT)
+            system = get_arm(a).system_prompt(budget)
             return len(
                 Renderer(self.tokenizer, system, arm_tools(tools, a)).ids([user(task.prompt)])
             )

@@ -19,8 +19,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from acmrl.arms import arm_tools, get_arm
 from acmrl.config import ExportConfig, to_dict
-from acmrl.context.evolve import EVOLVE_TOOL_SCHEMA, STATE_PROMPT
 from acmrl.context.render import Renderer
 from acmrl.rollout import prompts
 from acmrl.rollout.judge import load_env
@@ -32,13 +32,12 @@ def agent_spec(cfg: ExportConfig) -> dict[str, Any]:
     env = load_env(cfg.env)
     task = env.tasks(cfg.env.split)[0]
     budget = prompts.context_budget(cfg.agent, env)
-    extra = {"acm": prompts.ACM_TOOLS, "evolve": [EVOLVE_TOOL_SCHEMA]}.get(cfg.arm, [])
     return {
         "arm": cfg.arm,
         "env": cfg.env.name,
         "max_context_tokens": budget,
-        "system_prompt": prompts.system_prompt(cfg.arm, budget, STATE_PROMPT),
-        "tools": [*env.session(task).tools, *extra],
+        "system_prompt": get_arm(cfg.arm).system_prompt(budget),
+        "tools": arm_tools(env.session(task).tools, cfg.arm),
         "example_task": task.prompt,
     }
 

@@ -1,0 +1,61 @@
+"""``evolve``: the policy edits its own context by writing a program over the State.
+
+``evolve(code)`` runs JavaScript in a sandbox (:mod:`acmrl.context.evolve`): the program gets
+the State's items and returns the new ones; the harness validates the result, charges the
+generated tokens and the Cache Cost of the next input, and leaves a receipt. The teacher writes
+programs that keep the documents' needed facts verbatim (:mod:`acmrl.arms.evolve_edits`), in
+demonstrations and injected edits alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from acmrl.arms.base import Arm
+from acmrl.arms.evolve_edits import keep_facts_code
+from acmrl.context.evolve import EVOLVE_TOOL_SCHEMA, STATE_PROMPT, EvolveLimits, apply_evolve
+from acmrl.context.state import EVOLVE_TOOL, output_text
+from acmrl.rollout import prompts
+
+MiB = 1024 * 1024
+
+
+class Evolve(Arm):
+    name = "evolve"
+    tools = (EVOLVE_TOOL_SCHEMA,)
+    compacts = True
+    demo_compaction_says = "so I will cut what I have read down to its facts."
+    injection_says = "I will cut the documents I have read down to their facts."
+
+    def system_prompt(self, budget: int) -> str:
+        return f"{prompts.BASE_PROMPT}\n\n{STATE_PROMPT}"
+
+    def run_call(self, ep: Any, call_id: str, call: Any) -> Any:
+        limits = EvolveLimits(
+            time_ms=ep.agent.evolve_time_ms, heap_bytes=ep.agent.evolve_heap_mb * MiB
+        )
+        result = apply_evolve(
+            ep.state,
+            limits,
+            renderer=ep.renderer,
+            call_tokens=call.tokens,
+            output_weight=ep.agent.output_weight,
+            before_ids=ep.last_input,
+        )
+        ep.state = result.state
+        ep.step.observations.append(output_text(ep.state[-1]))
+        # applied or refused, the edit is charged its generated tokens and the Cache Cost of
+        # the next input (the receipt's figures tell the model what the edit itself did)
+        ep.step.events.append(
+            ep.event(
+                EVOLVE_TOOL, call.tokens, None, applied=result.applied, detail=result.error or ""
+            )
+        )
+        return None
+
+    def compaction(
+        self, task: Any, plan: list[Any], seen: str, *, repeats: bool, old_code: bool
+    ) -> tuple[str, dict[str, Any]]:
+        return EVOLVE_TOOL, {
+            "code": keep_facts_code(task, plan, seen, repeats=repeats, old_code=old_code)
+        }

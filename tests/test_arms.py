@@ -1,0 +1,90 @@
+"""The arms as objects: one registry that configs agree with, each arm's tools and prompt in one
+place, and a new arm that is one class (the agent loop calls its hooks and nothing else)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from acmrl.arms import REGISTRY, Arm, arm_tools, get_arm
+from acmrl.config import ARMS, AgentConfig, SamplingConfig
+from acmrl.context.render import format_tool_call, tool_schema
+from acmrl.engines.scripted import ScriptedEngine, replay
+from acmrl.envs import load
+from acmrl.rollout.agent import Episode
+from acmrl.rollout.worker import run_episodes
+
+
+@pytest.fixture(scope="module")
+def env():
+    return load("kb_search", preset="tiny", seed=0)
+
+
+def test_the_registry_is_the_configs_list_of_arms():
+    assert tuple(REGISTRY) == ARMS
+    with pytest.raises(ValueError, match="unknown arm 'nope'; arms: react, summary"):
+        get_arm("nope")
+
+
+def test_each_arms_tools_and_prompt(env):
+    task = env.tasks("eval")[0]
+    env_tools = env.session(task).tools
+    names = {a: [t["function"]["name"] for t in arm_tools(env_tools, a)] for a in ARMS}
+    base = [t["function"]["name"] for t in env_tools]
+    assert names["react"] == names["summary"] == base
+    assert names["acm"] == [*base, "manage_context", "query_memory"]
+    assert names["memory"] == [*base, "read_memory"]
+    assert names["evolve"] == [*base, "evolve"]
+    assert "2048 tokens" in get_arm("acm").system_prompt(2048)
+    assert "read_memory()" in get_arm("memory").system_prompt(2048)
+    assert get_arm("react").system_prompt(2048) == get_arm("summary").system_prompt(2048)
+    # the arms whose policy compacts by a call of its own have one among their tools
+    for arm in REGISTRY.values():
+        if arm.compacts:
+            name, _ = arm.compaction(
+                task, env.oracle_plan(task), task.prompt, repeats=False, old_code=False
+            )
+            assert name in arm.tool_names, arm.name
+    assert {a.name for a in REGISTRY.values() if a.compacts} == {"acm", "evolve"}
+
+
+class Scratch(Arm):
+    """A test arm: a ``note`` tool that keeps a line outside the context and says how many."""
+
+    name = "scratch"
+    tools = (tool_schema("note", "Keep a line.", {"text": {"type": "string"}}),)
+
+    def start(self, ep: Any) -> None:
+        ep.notes = []
+
+    def system_prompt(self, budget: int) -> str:
+        return super().system_prompt(budget) + "\n\nnote(text) keeps a line."
+
+    def run_call(self, ep: Any, call_id: str, call: Any) -> Any:
+        ep.notes.append(call.arguments["text"])
+        ep.output(call_id, f"{len(ep.notes)} notes kept.")
+        return None
+
+
+def test_a_new_arm_is_one_class(env, tokenizer, monkeypatch):
+    monkeypatch.setitem(REGISTRY, "scratch", Scratch())
+    task = env.tasks("eval")[0]
+    ep = Episode(
+        f"{task.id}#scratch#0",
+        env,
+        task,
+        "scratch",
+        tokenizer,
+        agent=AgentConfig(max_turns=4),
+        sampling=SamplingConfig(max_new_tokens=64),
+    )
+    texts = [
+        format_tool_call("note", {"text": "look for the town"}),
+        format_tool_call("answer", {"text": "x"}),
+    ]
+    run_episodes([ep], ScriptedEngine(tokenizer, replay({ep.id: texts})))
+    assert ep.notes == ["look for the town"]
+    assert ep.traj.steps[0].observations == ["1 notes kept."]
+    assert ep.traj.status == "answered"
+    assert "note(text) keeps a line." in tokenizer.decode(ep.traj.steps[0].call.prompt_ids)
