@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import doctest
 import json
 
@@ -114,11 +115,12 @@ def test_arm_summary_and_paired_differences():
     assert any("excludes 0" in n for n in report["notes"])
 
 
-def oracle_engine(env, tokenizer, pressure=0.75, budget=1400):
-    """The oracle's demonstrations as an engine: the same policy for every arm."""
+def oracle_engine(env, tokenizer, pressure=0.75, budget=1400, policy="expert"):
+    """The oracle's demonstrations as an engine: the same policy for every arm (``best``: each
+    arm's best scripted policy)."""
     from acmrl.teacher.demonstrate import oracle_engine as engine
 
-    return engine(env, tokenizer, budget, pressure)
+    return engine(env, tokenizer, budget, pressure, policy=policy)
 
 
 def test_eval_writes_a_full_report_and_compare_reads_two(tmp_path, tokenizer):
@@ -344,3 +346,32 @@ def test_seeds_table_lists_every_run_and_pairs_the_arms(tmp_path, tokenizer):
     run_eval(fairer, engine=oracle_engine(env, tokenizer, budget=1250))
     with pytest.raises(ValueError, match=r"other settings .*\(on_overflow\)"):
         seeds_table([runs[0], tmp_path / "fairer"])
+
+
+def test_report_splits_the_tasks_that_need_an_archived_detail(tmp_path, tokenizer):
+    """On kb_search chain, the recall questions need a detail a later document selects: the
+    report says how often each arm asked its archive on them and its Pass@1 with and without
+    asking; the best acm policy asks on every one, the summary arm cannot."""
+    from acmrl.eval.seeds import seeds_table
+
+    env = load("kb_search", preset="chain", seed=0)
+    cfg = EvalConfig(output=str(tmp_path / "r"), arms=["react", "summary", "acm"], plots=False)
+    cfg.env.options = {"preset": "chain", "seed": 0}
+    cfg.env.limit = 8
+    cfg.agent.max_turns = 30
+    report = run_eval(cfg, engine=oracle_engine(env, tokenizer, budget=2048, policy="best"))
+    recall = [t for t in env.tasks("eval")[:8] if t.metadata["question"] == "recall"]
+    acm, summary = report["arms"]["acm"], report["arms"]["summary"]
+    assert acm["archive_episodes"] == summary["archive_episodes"] == len(recall) > 0
+    assert acm["archive_queried"] == 1.0 and acm["archive_pass_queried"] == 1.0
+    assert summary["archive_queried"] == 0.0 and summary["archive_pass_queried"] is None
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "## Tasks that need an archived detail" in md
+    assert f"| acm | {len(recall)} | 1.00 | 1.00 | 1.00 | - |" in md
+    with (tmp_path / "r" / "episodes.csv").open() as f:
+        flags = {r["task_id"]: r["archive_detail"] for r in csv.DictReader(f)}
+    assert {k for k, v in flags.items() if v == "1.0"} == {t.id for t in recall}
+    text = seeds_table([tmp_path / "r"])
+    ratio = acm["peak_context_tokens"] / report["arms"]["react"]["peak_context_tokens"]
+    assert f"Mean peak tokens, acm / react: {ratio:.3f}." in text
+    assert f"| {tmp_path / 'r'} | acm | {len(recall)} | 1.00 | 1.00 | - |" in text

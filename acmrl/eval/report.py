@@ -83,8 +83,10 @@ def cache_figures(t: Trajectory) -> tuple[int, int, int]:
     return prompt, measured, bound
 
 
-def episode_row(t: Trajectory, budget: int) -> dict[str, Any]:
-    """Per-episode figures of the report (one line of episodes.csv)."""
+def episode_row(t: Trajectory, budget: int, archive_detail: bool | None = None) -> dict[str, Any]:
+    """Per-episode figures of the report (one line of episodes.csv). ``archive_detail``: whether
+    the task needs a detail that matters only once a later document has said so (evidence
+    with a ``query``: :meth:`~acmrl.envs.base.Environment.answer_evidence`); None: not known."""
     m = t.metrics
     steps = _policy_steps(t)
     helpers = [c for s in t.steps for c in s.helper_calls]
@@ -138,6 +140,7 @@ def episode_row(t: Trajectory, budget: int) -> dict[str, Any]:
         "forced_answer": float(bool(m.get("forced_answer"))),
         "forced_compactions": float(m.get("forced_compactions", 0)),
         "wall_s": float(m.get("wall_s", 0.0)),
+        "archive_detail": None if archive_detail is None else float(archive_detail),
     }
 
 
@@ -279,10 +282,40 @@ def arm_summary(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
         "overflow": _mean(rows, "overflow"),
         "wall_s": _mean(rows, "wall_s"),
     }
+    out |= archive_detail_figures(rows)
     if k > 1:
         samples = [(len(v), int(sum(v))) for v in by_task.values()]
         out[f"pass@{k}"] = sum(pass_at_k(n_, c, k) for n_, c in samples) / len(samples)
     return out
+
+
+def archive_detail_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """On the tasks that need an archived detail (``archive_detail``): how many, the share of
+    their episodes that asked the archive (``query_memory``: a querier call), and Pass@1 of the
+    episodes that did and of those that did not. Empty when no task is known to need one.
+
+    >>> rows = [{"archive_detail": 1.0, "querier_calls": 1, "success": 1.0},
+    ...         {"archive_detail": 1.0, "querier_calls": 0, "success": 0.0},
+    ...         {"archive_detail": 0.0, "querier_calls": 0, "success": 1.0}]
+    >>> archive_detail_figures(rows)["archive_queried"], archive_detail_figures(rows)["archive_pass_queried"]
+    (0.5, 1.0)
+    """
+    need = [r for r in rows if r.get("archive_detail")]
+    if not need:
+        return {}
+    asked = [r for r in need if float(r.get("querier_calls") or 0) > 0]
+    other = [r for r in need if float(r.get("querier_calls") or 0) == 0]
+
+    def rate(rs: list[dict[str, Any]]) -> float | None:
+        return sum(float(r["success"]) for r in rs) / len(rs) if rs else None
+
+    return {
+        "archive_episodes": len(need),
+        "archive_queried": len(asked) / len(need),
+        "archive_pass_queried": rate(asked),
+        "archive_pass_unqueried": rate(other),
+        "archive_pass": rate(need),
+    }
 
 
 def _rel(new: float, base: float) -> float | None:
@@ -384,5 +417,12 @@ def reading_notes(report: dict[str, Any]) -> list[str]:
     return notes
 
 
-def rows_from(trajectories: Iterable[Trajectory], budget_of: Any) -> list[dict[str, Any]]:
-    return [episode_row(t, budget_of(t)) for t in trajectories]
+def rows_from(
+    trajectories: Iterable[Trajectory], budget_of: Any, archive_tasks: set[str] | None = None
+) -> list[dict[str, Any]]:
+    """The episodes' rows; ``archive_tasks``: the ids of the tasks that need an archived detail
+    (None: not known, e.g. the environment could not be loaded)."""
+    return [
+        episode_row(t, budget_of(t), None if archive_tasks is None else t.task_id in archive_tasks)
+        for t in trajectories
+    ]

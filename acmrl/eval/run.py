@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,24 @@ def _budget_of(cfg: EvalConfig) -> Any:
     return budget
 
 
+def archive_tasks(cfg: EvalConfig, ids: set[str]) -> set[str] | None:
+    """Of the tasks ``ids``, those whose answer needs a detail that a later document selects,
+    which a summary written before cannot know to keep and ``query_memory`` can bring back
+    (:class:`~acmrl.envs.base.Evidence` with a ``query``: kb_search chain's recall questions);
+    None when the environment cannot be loaded here (the report then leaves these out)."""
+    from acmrl.rollout.judge import load_env
+
+    try:
+        env = load_env(cfg.env)
+        tasks = [t for split in env.splits for t in env.tasks(split) if t.id in ids]
+        return {t.id for t in tasks if any(e.query for e in env.answer_evidence(t))}
+    except Exception as exc:  # a report of finished episodes never fails for this
+        warnings.warn(
+            f"no archived-detail figures: {cfg.env.name} did not load ({exc!r})", stacklevel=2
+        )
+        return None
+
+
 def _oracle(cfg: EvalConfig) -> Engine:
     """``engine.kind=oracle``: the expert plan as the policy of every arm (its tokenizer is
     ``model.name``'s, which renders the contexts and counts the budget)."""
@@ -83,7 +102,7 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None) -> dict[str, Any]:
     trajs = read_trajectories(path)
     if not trajs:
         raise ValueError(f"{path} holds no episodes")
-    rows = rows_from(trajs, _budget_of(cfg))
+    rows = rows_from(trajs, _budget_of(cfg), archive_tasks(cfg, {t.task_id for t in trajs}))
     meta = {
         "model": cfg.model.name,
         "env": cfg.env.name,
@@ -129,6 +148,7 @@ EPISODE_FIELDS = [
     "summary_facts_kept",
     "querier_calls",
     "querier_tokens",
+    "archive_detail",
     "wall_s",
 ]
 
@@ -332,6 +352,34 @@ def overflow_rule(meta: dict[str, Any]) -> str:
     return text
 
 
+def archive_lines(report: dict[str, Any]) -> list[str]:
+    """The tasks that need an archived detail, per arm: how often the archive was asked and
+    Pass@1 with and without asking (nothing when no task needs one)."""
+    arms = {a: s for a, s in report["arms"].items() if s.get("archive_episodes")}
+    if not arms:
+        return []
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    lines = [
+        "## Tasks that need an archived detail",
+        "",
+        "A detail that matters only once a later document says so: a summary written before "
+        "cannot know to keep it; `query_memory` (acm) or reading the document again brings it back.",
+        "",
+        "| arm | episodes | asked the archive | Pass@1 | Pass@1 when asked | Pass@1 when not |",
+        "|---|---|---|---|---|---|",
+    ]
+    for a, s in arms.items():
+        lines.append(
+            f"| {a} | {s['archive_episodes']} | {s['archive_queried']:.2f} | "
+            f"{pct(s['archive_pass'])} | {pct(s['archive_pass_queried'])} | "
+            f"{pct(s['archive_pass_unqueried'])} |"
+        )
+    return [*lines, ""]
+
+
 def report_markdown(report: dict[str, Any], figures: list[str]) -> str:
     m = report["meta"]
     any_arm = next(iter(report["arms"].values()))
@@ -366,6 +414,7 @@ def report_markdown(report: dict[str, Any], figures: list[str]) -> str:
         "",
         detail_table(report),
         "",
+        *archive_lines(report),
         "## Reading this table",
         "",
         *(f"- {n}" for n in report["notes"]),

@@ -96,6 +96,36 @@ def seeds_table(folders: list[str | Path], output: str | Path | None = None) -> 
             f"{_spread([s['peak_context_tokens'] for s in got], '.0f')} | "
             f"{_spread([s['compaction_cost'] for s in got], '.0f')} |"
         )
+    peaks = {
+        arm: [r["arms"][arm]["peak_context_tokens"] for _, r, _ in runs if arm in r["arms"]]
+        for arm in ("react", "acm")
+    }
+    if all(peaks.values()) and sum(peaks["react"]):
+        ratio = (sum(peaks["acm"]) / len(peaks["acm"])) / (
+            sum(peaks["react"]) / len(peaks["react"])
+        )
+        lines += ["", f"Mean peak tokens, acm / react: {ratio:.3f}."]
+    archive = [
+        (folder, arm, r["arms"][arm])
+        for folder, r, _ in runs
+        for arm in arms
+        if r["arms"].get(arm, {}).get("archive_episodes")
+    ]
+    if archive:
+        lines += [
+            "",
+            "Tasks that need an archived detail (a later document selects it), per run:",
+            "",
+            "| run | arm | episodes | asked the archive | Pass@1 when asked | Pass@1 when not |",
+            "|---|---|---|---|---|---|",
+        ]
+        for folder, arm, s in archive:
+            asked, other = s["archive_pass_queried"], s["archive_pass_unqueried"]
+            lines.append(
+                f"| {folder} | {arm} | {s['archive_episodes']} | "
+                f"{s['archive_queried']:.2f} | {'-' if asked is None else f'{asked:.2f}'} | "
+                f"{'-' if other is None else f'{other:.2f}'} |"
+            )
     pairs = [(a, b) for a, b in PAIRS if a in arms and b in arms]
     if pairs:
         lines += [
