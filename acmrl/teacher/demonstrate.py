@@ -61,6 +61,7 @@ _SIGNAL = re.compile(r"\[context: (\d+) of \d+ tokens\]")
 _DOC = re.compile(r"^\[([^\]\s]+)\] ([^\n]+)\n\n(.*)", re.DOTALL)  # an opened document
 _RESULT = re.compile(r"^\[([^\]\s]+)\] ([^:\n]+):", re.MULTILINE)  # a search result line
 _EVENT = re.compile(r"\b(was held|took place)\b")
+_NEXT_STEP = re.compile(r"\n(?:assistant: |user: |call \w+\()")  # items_text's next item
 
 
 def pressure_for(task_id: str, pressure: float, spread: list[float] | None) -> float:
@@ -242,7 +243,12 @@ class Demonstrator:
         facts: list[str] = []
         found: dict[str, str] = {}
         read: list[str] = []
-        chunks = [_SIGNAL.sub("", c).strip() for c in steps.split("\nresult: ")[1:]]
+        # a result runs to the next step of the transcript: the agent's next turn and call are
+        # not part of the document (their sentences name the chain's entities too)
+        chunks = [
+            _SIGNAL.sub("", _NEXT_STEP.split(c, 1)[0]).strip()
+            for c in steps.split("\nresult: ")[1:]
+        ]
         for chunk in chunks:
             doc = _DOC.match(chunk)
             if doc and not chunk.startswith("Results for"):
