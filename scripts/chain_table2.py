@@ -1,7 +1,8 @@
 """The fair Table 2 on kb_search chain: one student per training seed, reported on test worlds.
 
-    .venv/bin/python scripts/chain_table2.py OUT [--seeds 0 1 2] [--steps 100] [--dev]
-        [--test-tasks 25] [--dry-run]
+    .venv/bin/python scripts/chain_table2.py OUT [--seeds 0 1 2] [--steps 100]
+        [--train-arms ARM ...] [--timing spread|read] [--parts test dev]
+        [--eval-arms ARM ...] [--test-tasks 25] [--dry-run]
 
 One dataset: each arm's best-policy demonstrations (``teacher.policy=best``; arms react,
 summary, memory and acm, under ``force_answer`` as the evals) on 16 training tasks of each of
@@ -11,10 +12,16 @@ react arm gets no training episode of its own: the shared model's react runs are
 other arms' demonstrations taught, in react's prompt. Then, per seed: SFT of the default model on all
 of it (the demo's recipe: LoRA on the top 15 layers, lr 1e-3, 4,096-token batches), and an eval
 of the result in react, summary, memory and acm under ``force_answer`` on ``--test-tasks`` eval
-tasks of each test world (2000 and 2001), which nothing is chosen on. ``--dev`` also evaluates each
-seed on the dev worlds (1000 and 1001), the only ones to choose settings on. Finally
+tasks of each test world (2000 and 2001), which nothing is chosen on. ``--parts dev`` evaluates each
+seed on the dev worlds (1000 and 1001) instead, the only ones to choose settings on. Finally
 ``acmrl eval seeds`` over the test runs writes OUT/table2.md: every run, mean and range, and the
 paired acm/react and acm/summary differences with their McNemar p.
+
+Settings to choose on the dev worlds: ``--train-arms``, the arms whose demonstrations are trained
+(default all four); ``--timing``, when the teacher compacts: ``spread`` as the demo (each task's
+point drawn from 0.5-0.9 of the budget right after a read, a share of 0.35 only when the next
+result would not fit) or ``read`` (right after every document read that the answer does not
+follow: one rule, the same in every task).
 
 Every stage resumes: a rerun skips the finished annotation, continues SFT from its checkpoint
 (``--auto-resume``) and each eval from its episodes. The stage configs are written to
@@ -47,7 +54,15 @@ def chain_env(env, seeds: list[int], split: str, per_world: int):
     return dataclasses.replace(env, options=opts, split=split, limit=None)
 
 
-def configs(out: Path, seeds: list[int], steps: int, test_tasks: int) -> dict[str, object]:
+def configs(
+    out: Path,
+    seeds: list[int],
+    steps: int,
+    test_tasks: int,
+    train_arms: list[str] = EVAL_ARMS,
+    timing: str = "spread",
+    eval_arms: list[str] = EVAL_ARMS,
+) -> dict[str, object]:
     base = stage_configs(DemoConfig(size="default", output=str(out)))
     annotate, sft, ev = base["annotate"], base["sft"], base["eval-sft"]
     agent = dataclasses.replace(ev.agent, max_context_tokens=2048, max_turns=30)
@@ -55,8 +70,12 @@ def configs(out: Path, seeds: list[int], steps: int, test_tasks: int) -> dict[st
     annotate.agent = dataclasses.replace(
         annotate.agent, max_context_tokens=2048, max_turns=30, on_overflow="force_answer"
     )
-    annotate.arms = ["react", "summary", "memory", "acm"]
+    annotate.arms = list(train_arms)
     annotate.teacher.policy = "best"
+    if timing == "read":  # compact right after every read that the answer does not follow
+        annotate.teacher = dataclasses.replace(
+            annotate.teacher, pressure=0.05, pressure_spread=[], late_share=0.0
+        )
     annotate.output = str(out / "annotate")
     out_cfgs: dict[str, object] = {"annotate": annotate}
     for seed in seeds:
@@ -72,7 +91,7 @@ def configs(out: Path, seeds: list[int], steps: int, test_tasks: int) -> dict[st
                 model=model,
                 agent=agent,
                 env=env,
-                arms=EVAL_ARMS,
+                arms=list(eval_arms),
                 output=str(out / f"eval-{part}-s{seed}"),
             )
     return out_cfgs
@@ -103,13 +122,32 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=100, help="SFT steps per seed")
     ap.add_argument("--test-tasks", type=int, default=25, help="eval tasks per world")
-    ap.add_argument("--dev", action="store_true", help="also evaluate on the dev worlds")
+    ap.add_argument("--train-arms", nargs="+", default=EVAL_ARMS, help="arms demonstrated")
+    ap.add_argument("--timing", choices=["spread", "read"], default="spread")
+    ap.add_argument("--parts", nargs="+", choices=["test", "dev"], default=["test"])
+    ap.add_argument("--eval-arms", nargs="+", default=EVAL_ARMS)
     ap.add_argument("--dry-run", action="store_true", help="write the configs and stop")
     args = ap.parse_args()
     cfg_dir = args.out / "configs"
     cfg_dir.mkdir(parents=True, exist_ok=True)
-    check_settings(args.out, {"steps": args.steps, "test_tasks": args.test_tasks})
-    stages = configs(args.out, args.seeds, args.steps, args.test_tasks)
+    check_settings(
+        args.out,
+        {
+            "steps": args.steps,
+            "test_tasks": args.test_tasks,
+            "train_arms": args.train_arms,
+            "timing": args.timing,
+        },
+    )
+    stages = configs(
+        args.out,
+        args.seeds,
+        args.steps,
+        args.test_tasks,
+        args.train_arms,
+        args.timing,
+        args.eval_arms,
+    )
     for name, cfg in stages.items():
         (cfg_dir / f"{name}.yaml").write_text(_yaml(cfg))
     if args.dry_run:
@@ -120,10 +158,12 @@ def main() -> None:
     for seed in args.seeds:
         if not (args.out / f"sft-s{seed}" / "final").exists():
             acmrl("train", "sft", "--config", str(cfg_dir / f"sft-s{seed}.yaml"), "--auto-resume")
-        for part in ("test", "dev") if args.dev else ("test",):
+        for part in args.parts:
             acmrl("eval", "--config", str(cfg_dir / f"eval-{part}-s{seed}.yaml"))
-    tests = [str(args.out / f"eval-test-s{s}") for s in args.seeds]
-    acmrl("eval", "seeds", *tests, "--output", str(args.out / "table2.md"))
+    for part in args.parts:
+        runs = [str(args.out / f"eval-{part}-s{s}") for s in args.seeds]
+        name = "table2.md" if part == "test" else "table2-dev.md"
+        acmrl("eval", "seeds", *runs, "--output", str(args.out / name))
 
 
 if __name__ == "__main__":

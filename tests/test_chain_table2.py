@@ -39,3 +39,23 @@ def test_the_protocol_trains_and_tests_on_separate_worlds(tmp_path):
     # another --test-tasks would rename the test worlds' questions under the same ids: refused
     again = _dry(tmp_path, "--seeds", "0", "--steps", "7", "--test-tasks", "10")
     assert again.returncode != 0 and "test_tasks: 25 -> 10" in again.stderr
+
+
+def test_the_read_timing_and_train_arms_reach_the_annotation(tmp_path):
+    res = _dry(tmp_path, "--train-arms", "acm", "--timing", "read", "--eval-arms", "acm", "react")
+    assert res.returncode == 0, res.stderr[-2000:]
+    cfgs = tmp_path / "configs"
+    annotate = load_config(AnnotateConfig, cfgs / "annotate.yaml", [])
+    assert annotate.arms == ["acm"]
+    t = annotate.teacher
+    assert (t.pressure, t.pressure_spread, t.late_share) == (0.05, [], 0.0)
+    ev = load_config(EvalConfig, cfgs / "eval-dev-s0.yaml", [])
+    assert ev.arms == ["acm", "react"]
+    # the default timing is the demo's spread
+    other = tmp_path / "other"
+    assert _dry(other).returncode == 0
+    spread = load_config(AnnotateConfig, other / "configs" / "annotate.yaml", []).teacher
+    assert spread.pressure_spread == [0.5, 0.9] and spread.late_share > 0
+    # a rerun with another timing is refused, as the dataset was built with the first
+    again = _dry(tmp_path, "--train-arms", "acm", "--timing", "spread")
+    assert again.returncode != 0 and "timing: read -> spread" in again.stderr
