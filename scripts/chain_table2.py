@@ -2,7 +2,8 @@
 
     .venv/bin/python scripts/chain_table2.py OUT [--seeds 0 1 2] [--steps 100]
         [--train-arms ARM ...] [--timing spread|read] [--parts test dev]
-        [--eval-arms ARM ...] [--test-tasks 25] [--dry-run]
+        [--eval-arms ARM ...] [--round-tasks 0] [--round-steps 10] [--test-tasks 25]
+        [--dry-run]
 
 One dataset: each arm's best-policy demonstrations (``teacher.policy=best``; arms react,
 summary, memory and acm, under ``force_answer`` as the evals) on 16 training tasks of each of
@@ -21,7 +22,11 @@ Settings to choose on the dev worlds: ``--train-arms``, the arms whose demonstra
 (default all four); ``--timing``, when the teacher compacts: ``spread`` as the demo (each task's
 point drawn from 0.5-0.9 of the budget right after a read, a share of 0.35 only when the next
 result would not fit) or ``read`` (right after every document read that the answer does not
-follow: one rule, the same in every task).
+follow: one rule, the same in every task); ``--round-tasks N``, a teacher round after SFT, as
+the demo's: each seed's SFT student runs N training tasks of each of worlds 11-20 in every
+trained arm, the oracle edits its runs and resumes them, and ``--round-steps`` steps at a fifth
+of SFT's learning rate train the SFT policy on the demonstrations and the round together; the
+evals then read that policy.
 
 Every stage resumes: a rerun skips the finished annotation, continues SFT from its checkpoint
 (``--auto-resume``) and each eval from its episodes. The stage configs are written to
@@ -41,6 +46,7 @@ from acmrl.config import DemoConfig
 from acmrl.demo import _yaml, stage_configs
 
 TRAIN_WORLDS = list(range(1, 11))
+ROUND_WORLDS = list(range(11, 21))  # training worlds too: the teacher round's tasks
 DEV_WORLDS = [1000, 1001]
 TEST_WORLDS = [2000, 2001]
 EVAL_ARMS = ["react", "summary", "memory", "acm"]
@@ -62,6 +68,8 @@ def configs(
     train_arms: list[str] = EVAL_ARMS,
     timing: str = "spread",
     eval_arms: list[str] = EVAL_ARMS,
+    round_tasks: int = 0,
+    round_steps: int = 10,
 ) -> dict[str, object]:
     base = stage_configs(DemoConfig(size="default", output=str(out)))
     annotate, sft, ev = base["annotate"], base["sft"], base["eval-sft"]
@@ -83,7 +91,32 @@ def configs(
         run.dataset = str(out / "annotate")
         run.optim = dataclasses.replace(sft.optim, max_steps=steps)
         out_cfgs[f"sft-s{seed}"] = run
-        model = dataclasses.replace(ev.model, name=str(out / f"sft-s{seed}" / "final"))
+        policy = out / f"sft-s{seed}" / "final"
+        if round_tasks:
+            # the demo's round: the SFT student on other training tasks, the oracle's edits
+            # and resumes, then a fresh LoRA on the SFT policy over both datasets
+            round_ = base["round"]
+            out_cfgs[f"round-s{seed}"] = dataclasses.replace(
+                round_,
+                model=dataclasses.replace(round_.model, name=str(policy)),
+                env=chain_env(round_.env, ROUND_WORLDS, "train", round_tasks),
+                agent=annotate.agent,
+                arms=list(train_arms),
+                teacher=dataclasses.replace(annotate.teacher, pressure_spread=[]),
+                seed=seed,
+                output=str(out / f"round-s{seed}"),
+            )
+            sft_round = base["sft-round"]
+            out_cfgs[f"sft-round-s{seed}"] = dataclasses.replace(
+                sft_round,
+                model=dataclasses.replace(sft_round.model, name=str(policy)),
+                dataset=[str(out / "annotate"), str(out / f"round-s{seed}")],
+                seed=seed,
+                output=str(out / f"sft-round-s{seed}"),
+                optim=dataclasses.replace(sft_round.optim, max_steps=round_steps),
+            )
+            policy = out / f"sft-round-s{seed}" / "final"
+        model = dataclasses.replace(ev.model, name=str(policy))
         for part, worlds in (("test", TEST_WORLDS), ("dev", DEV_WORLDS)):
             env = chain_env(ev.env, worlds, "eval", test_tasks)
             out_cfgs[f"eval-{part}-s{seed}"] = dataclasses.replace(
@@ -126,6 +159,8 @@ def main() -> None:
     ap.add_argument("--timing", choices=["spread", "read"], default="spread")
     ap.add_argument("--parts", nargs="+", choices=["test", "dev"], default=["test"])
     ap.add_argument("--eval-arms", nargs="+", default=EVAL_ARMS)
+    ap.add_argument("--round-tasks", type=int, default=0, help="teacher round, tasks per world")
+    ap.add_argument("--round-steps", type=int, default=10)
     ap.add_argument("--dry-run", action="store_true", help="write the configs and stop")
     args = ap.parse_args()
     cfg_dir = args.out / "configs"
@@ -137,6 +172,8 @@ def main() -> None:
             "test_tasks": args.test_tasks,
             "train_arms": args.train_arms,
             "timing": args.timing,
+            "round_tasks": args.round_tasks,
+            "round_steps": args.round_steps,
         },
     )
     stages = configs(
@@ -147,6 +184,8 @@ def main() -> None:
         args.train_arms,
         args.timing,
         args.eval_arms,
+        args.round_tasks,
+        args.round_steps,
     )
     for name, cfg in stages.items():
         (cfg_dir / f"{name}.yaml").write_text(_yaml(cfg))
@@ -158,6 +197,15 @@ def main() -> None:
     for seed in args.seeds:
         if not (args.out / f"sft-s{seed}" / "final").exists():
             acmrl("train", "sft", "--config", str(cfg_dir / f"sft-s{seed}.yaml"), "--auto-resume")
+        if args.round_tasks and not (args.out / f"sft-round-s{seed}" / "final").exists():
+            acmrl("annotate", "--config", str(cfg_dir / f"round-s{seed}.yaml"))
+            acmrl(
+                "train",
+                "sft",
+                "--config",
+                str(cfg_dir / f"sft-round-s{seed}.yaml"),
+                "--auto-resume",
+            )
         for part in args.parts:
             acmrl("eval", "--config", str(cfg_dir / f"eval-{part}-s{seed}.yaml"))
     for part in args.parts:

@@ -59,3 +59,26 @@ def test_the_read_timing_and_train_arms_reach_the_annotation(tmp_path):
     # a rerun with another timing is refused, as the dataset was built with the first
     again = _dry(tmp_path, "--train-arms", "acm", "--timing", "spread")
     assert again.returncode != 0 and "timing: read -> spread" in again.stderr
+
+
+def test_a_teacher_round_runs_on_other_training_worlds_and_the_evals_read_its_policy(tmp_path):
+    res = _dry(tmp_path, "--train-arms", "acm", "--round-tasks", "3", "--round-steps", "4")
+    assert res.returncode == 0, res.stderr[-2000:]
+    cfgs = tmp_path / "configs"
+    annotate = load_config(AnnotateConfig, cfgs / "annotate.yaml", [])
+    round_ = load_config(AnnotateConfig, cfgs / "round-s0.yaml", [])
+    assert not round_.demonstrations and round_.arms == ["acm"]
+    assert round_.model.name.endswith("sft-s0/final")
+    assert round_.agent.on_overflow == "force_answer" and round_.agent.max_context_tokens == 2048
+    assert round_.env.options["options"] == {"preset": "chain", "n_train": 3}
+    worlds = set(round_.env.options["seeds"])
+    ev = load_config(EvalConfig, cfgs / "eval-test-s0.yaml", [])
+    dev = load_config(EvalConfig, cfgs / "eval-dev-s0.yaml", [])
+    assert not worlds & (set(ev.env.options["seeds"]) | set(dev.env.options["seeds"]))
+    assert not worlds & set(annotate.env.options["seeds"])
+    sft_round = load_config(SFTConfig, cfgs / "sft-round-s0.yaml", [])
+    assert sft_round.optim.max_steps == 4 and sft_round.model.name.endswith("sft-s0/final")
+    assert [Path(d).name for d in sft_round.dataset] == ["annotate", "round-s0"]
+    sft = load_config(SFTConfig, cfgs / "sft-s0.yaml", [])
+    assert sft_round.optim.lr < sft.optim.lr
+    assert ev.model.name.endswith("sft-round-s0/final")
