@@ -18,7 +18,8 @@ seed on the dev worlds (1000 and 1001) instead, the only ones to choose settings
 ``acmrl eval seeds`` over the test runs writes OUT/table2.md: every run, mean and range, and the
 paired acm/react and acm/summary differences with their McNemar p.
 
-Settings to choose on the dev worlds: ``--train-arms``, the arms whose demonstrations are trained
+Settings to choose on the dev worlds (pinned in OUT/protocol.json with the steps and tasks, so a
+rerun with others is refused): ``--train-arms``, the arms whose demonstrations are trained
 (default all four); ``--timing``, when the teacher compacts: ``spread`` as the demo (each task's
 point drawn from 0.5-0.9 of the budget right after a read, a share of 0.35 only when the next
 result would not fit) or ``read`` (right after every document read that the answer does not
@@ -102,7 +103,11 @@ def configs(
                 env=chain_env(round_.env, ROUND_WORLDS, "train", round_tasks),
                 agent=annotate.agent,
                 arms=list(train_arms),
-                teacher=dataclasses.replace(annotate.teacher, pressure_spread=[]),
+                # the oracle's injection waits for no read: at the read timing's 0.05 it would
+                # compact before the second ``open`` of every episode; at 0.75 x 2,048 it comes
+                # right after each read on chain (the input after the first document is
+                # 1,578-1,754 tokens, after a compaction and a search about 1,100)
+                teacher=dataclasses.replace(annotate.teacher, pressure=0.75, pressure_spread=[]),
                 seed=seed,
                 output=str(out / f"round-s{seed}"),
             )
@@ -130,17 +135,31 @@ def configs(
     return out_cfgs
 
 
-def check_settings(out: Path, now: dict[str, int]) -> None:
+# what a protocol.json written before a setting existed ran with
+FORMER_DEFAULTS = {
+    "train_arms": EVAL_ARMS,
+    "timing": "spread",
+    "round_tasks": 0,
+    "round_steps": 10,
+}
+
+
+def check_settings(out: Path, now: dict[str, object], write: bool = True) -> None:
     """A rerun continues only what the same settings started: the task ids of a world built
     with another ``--test-tasks`` name other questions, and a finished SFT of other steps would
-    be skipped as done."""
+    be skipped as done. The eval arms and parts are not pinned: each eval is its own folder."""
     path = out / "protocol.json"
     if path.exists():
         before = json.loads(path.read_text())
-        changed = [f"{k}: {before.get(k)} -> {v}" for k, v in now.items() if before.get(k) != v]
+        changed = [
+            f"{k}: {before.get(k, FORMER_DEFAULTS.get(k))} -> {v}"
+            for k, v in now.items()
+            if before.get(k, FORMER_DEFAULTS.get(k)) != v
+        ]
         if changed:
             raise SystemExit(f"{out} was started with other settings ({'; '.join(changed)})")
-    path.write_text(json.dumps(now))
+    if write:
+        path.write_text(json.dumps(now))
 
 
 def acmrl(*args: str) -> None:
@@ -175,6 +194,7 @@ def main() -> None:
             "round_tasks": args.round_tasks,
             "round_steps": args.round_steps,
         },
+        write=not args.dry_run,
     )
     stages = configs(
         args.out,

@@ -3,9 +3,13 @@ load, train on worlds that no dev or test world shares, and take tasks from ever
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from acmrl.config import AnnotateConfig, EvalConfig, SFTConfig, load_config
 from acmrl.envs import load
@@ -36,9 +40,7 @@ def test_the_protocol_trains_and_tests_on_separate_worlds(tmp_path):
             assert ev.model.name.endswith(f"sft-s{seed}/final")
     mix = load("mixture", **annotate.env.options)
     assert len({t.id.split("/")[2] for t in mix.tasks("train")}) == len(train) == 10
-    # another --test-tasks would rename the test worlds' questions under the same ids: refused
-    again = _dry(tmp_path, "--seeds", "0", "--steps", "7", "--test-tasks", "10")
-    assert again.returncode != 0 and "test_tasks: 25 -> 10" in again.stderr
+    assert not (tmp_path / "protocol.json").exists()  # a dry run pins nothing
 
 
 def test_the_read_timing_and_train_arms_reach_the_annotation(tmp_path):
@@ -56,19 +58,28 @@ def test_the_read_timing_and_train_arms_reach_the_annotation(tmp_path):
     assert _dry(other).returncode == 0
     spread = load_config(AnnotateConfig, other / "configs" / "annotate.yaml", []).teacher
     assert spread.pressure_spread == [0.5, 0.9] and spread.late_share > 0
-    # a rerun with another timing is refused, as the dataset was built with the first
-    again = _dry(tmp_path, "--train-arms", "acm", "--timing", "spread")
-    assert again.returncode != 0 and "timing: read -> spread" in again.stderr
 
 
 def test_a_teacher_round_runs_on_other_training_worlds_and_the_evals_read_its_policy(tmp_path):
-    res = _dry(tmp_path, "--train-arms", "acm", "--round-tasks", "3", "--round-steps", "4")
+    res = _dry(
+        tmp_path,
+        "--train-arms",
+        "acm",
+        "--timing",
+        "read",
+        "--round-tasks",
+        "3",
+        "--round-steps",
+        "4",
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     cfgs = tmp_path / "configs"
     annotate = load_config(AnnotateConfig, cfgs / "annotate.yaml", [])
     round_ = load_config(AnnotateConfig, cfgs / "round-s0.yaml", [])
     assert not round_.demonstrations and round_.arms == ["acm"]
     assert round_.model.name.endswith("sft-s0/final")
+    # the oracle injects by pressure alone: 0.75, not the read timing's 0.05 (see the script)
+    assert round_.teacher.pressure == 0.75 and annotate.teacher.pressure == 0.05
     assert round_.agent.on_overflow == "force_answer" and round_.agent.max_context_tokens == 2048
     assert round_.env.options["options"] == {"preset": "chain", "n_train": 3}
     worlds = set(round_.env.options["seeds"])
@@ -82,3 +93,36 @@ def test_a_teacher_round_runs_on_other_training_worlds_and_the_evals_read_its_po
     sft = load_config(SFTConfig, cfgs / "sft-s0.yaml", [])
     assert sft_round.optim.lr < sft.optim.lr
     assert ev.model.name.endswith("sft-round-s0/final")
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location(
+        "chain_table2", ROOT / "scripts" / "chain_table2.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_started_protocol_refuses_other_settings_and_reads_older_files(tmp_path):
+    check = _script().check_settings
+    now = {"steps": 7, "test_tasks": 25, "train_arms": ["acm"], "timing": "read"}
+    check(tmp_path, now)
+    check(tmp_path, now)  # the same settings continue
+    # another --test-tasks would rename the test worlds' questions under the same ids
+    with pytest.raises(SystemExit, match="test_tasks: 25 -> 10"):
+        check(tmp_path, {**now, "test_tasks": 10})
+    with pytest.raises(SystemExit, match="timing: read -> spread"):
+        check(tmp_path, {**now, "timing": "spread"})
+    # a file from before a setting existed ran with that setting's former default
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "protocol.json").write_text(json.dumps({"steps": 100, "test_tasks": 8}))
+    defaults = {"train_arms": ["react", "summary", "memory", "acm"], "timing": "spread"}
+    check(old, {"steps": 100, "test_tasks": 8, **defaults, "round_tasks": 0, "round_steps": 10})
+    with pytest.raises(SystemExit, match="round_tasks: 0 -> 3"):
+        check(old, {"steps": 100, "test_tasks": 8, **defaults, "round_tasks": 3})
+    dry = tmp_path / "dry"
+    dry.mkdir()
+    check(dry, now, write=False)
+    assert not (dry / "protocol.json").exists()
