@@ -184,29 +184,17 @@ def main() -> None:
     args = ap.parse_args()
     cfg_dir = args.out / "configs"
     cfg_dir.mkdir(parents=True, exist_ok=True)
-    check_settings(
-        args.out,
-        {
-            "steps": args.steps,
-            "test_tasks": args.test_tasks,
-            "train_arms": args.train_arms,
-            "timing": args.timing,
-            "round_tasks": args.round_tasks,
-            "round_steps": args.round_steps,
-        },
-        write=not args.dry_run,
-    )
-    stages = configs(
-        args.out,
-        args.seeds,
-        args.steps,
-        args.test_tasks,
-        args.train_arms,
-        args.timing,
-        args.eval_arms,
-        args.round_tasks,
-        args.round_steps,
-    )
+    # the settings a started run is pinned to, named as configs() takes them
+    settings = {
+        "steps": args.steps,
+        "test_tasks": args.test_tasks,
+        "train_arms": args.train_arms,
+        "timing": args.timing,
+        "round_tasks": args.round_tasks,
+        "round_steps": args.round_steps,
+    }
+    check_settings(args.out, settings, write=not args.dry_run)
+    stages = configs(args.out, args.seeds, eval_arms=args.eval_arms, **settings)
     for name, cfg in stages.items():
         (cfg_dir / f"{name}.yaml").write_text(_yaml(cfg))
     if args.dry_run:
