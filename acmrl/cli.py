@@ -328,7 +328,8 @@ def eval_(
 ) -> None:
     """Evaluate a model per arm and write a report; `acmrl eval compare A B` compares two runs,
     `acmrl eval report A B C ...` puts several benchmarks in one Table 2,
-    `acmrl eval seeds A B C ...` the runs of several training seeds in one table,
+    `acmrl eval seeds A B C ...` the runs of several training seeds in one table (or
+    `acmrl eval seeds acm=A0,A1 summary=S0,S1` with one trained student per arm),
     `acmrl eval versus START TRAINED [-c grpo.yaml]` a GRPO policy against its start."""
     args = list(overrides or [])
     if args and args[0] == "versus":

@@ -334,6 +334,29 @@ def test_seeds_table_lists_every_run_and_pairs_the_arms(tmp_path, tokenizer):
     assert len(pair) == 1 and f"{d['only_arm']} / {d['only_react']}" in pair[0]
     assert f"{d['pass@1_mcnemar_p']:.3g} |" in pair[0]
     assert (tmp_path / "seeds.md").read_text() == text
+    # over both runs: each task's successes averaged over the runs, the McNemar on every pair
+    rows = [list(csv.DictReader((r / "episodes.csv").open())) for r in runs]
+    won = {
+        arm: sum(float(x["score"]) >= 1.0 for rs in rows for x in rs if x["arm"] == arm)
+        for arm in ("react", "acm")
+    }
+    tasks = sum(x["arm"] == "acm" for x in rows[0])
+    pooled = [line for line in text.splitlines() if line.startswith("| react | acm | all 2 runs |")]
+    assert len(pooled) == 1 and f"| {(won['acm'] - won['react']) / (2 * tasks):+.3f} |" in pooled[0]
+    # one model per arm: columns named per arm, paired run by run (seed by seed)
+    cols = [f"acm={runs[0]},{runs[1]}", f"react:other={runs[1]},{runs[0]}"]
+    composed = seeds_table(cols)
+    assert f"| {runs[1]} | react:other | {reports[1]['arms']['react']['pass@1']:.3f}" in composed
+    cross = [line for line in composed.splitlines() if line.startswith("| react:other | acm |")]
+    assert len(cross) == 3 and cross[0].startswith(f"| react:other | acm | {runs[1]} : {runs[0]} |")
+    assert "Mean peak tokens, acm / react:other:" in composed
+    assert "| summary |" not in composed
+    with pytest.raises(ValueError, match="each needs as many"):
+        seeds_table([f"acm={runs[0]},{runs[1]}", f"react={runs[0]}"])
+    with pytest.raises(ValueError, match="ARM one of"):
+        seeds_table([f"acme={runs[0]}"])
+    with pytest.raises(ValueError, match="not both"):
+        seeds_table([f"acm={runs[0]}", str(runs[1])])
     fewer = EvalConfig(output=str(tmp_path / "fewer"), arms=["react", "summary", "acm"])
     fewer.env.options, fewer.env.limit, fewer.plots = {"preset": "tiny", "seed": 0}, 2, False
     fewer.agent.max_context_tokens, fewer.agent.on_overflow = 1250, "fail"

@@ -3,14 +3,22 @@
 Each argument is a folder ``acmrl eval`` wrote for one trained model (one training seed) on the
 same tasks. The table lists every run (never the best of them), then per arm the mean and the
 range over runs of Pass@1, peak tokens and Compaction Cost per episode, and per pair of arms the
-paired difference in each run: the bootstrap interval over tasks and the exact McNemar p-value,
-from the runs' ``episodes.csv``.
+paired difference in each run and over all runs: the bootstrap interval over tasks and the exact
+McNemar p-value, from the runs' ``episodes.csv``.
+
+Where each arm has its own trained model (one student per arm, the same demonstrations, steps
+and rounds), name the runs per column instead: ``acmrl eval seeds acm=A0,A1,A2
+summary=S0,S1,S2 react:acm-model=A0,A1,A2 react:summary-model=S0,S1,S2``. A column is
+``ARM`` or ``ARM:NAME`` (the arm read from those runs, and a name to tell two columns of one
+arm apart), then its runs in seed order; the columns pair run by run (the i-th run of each is
+seed i), so every column lists as many runs.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +28,23 @@ from acmrl.eval.report import mcnemar, paired_bootstrap
 PAIRS = (("react", "acm"), ("summary", "acm"), ("react", "summary"))
 
 
-def _load(folder: Path) -> tuple[dict[str, Any], dict[str, dict[str, list[float]]]]:
+@dataclass
+class _Run:
+    folder: Path
+    report: dict[str, Any]
+    by_arm: dict[str, dict[str, list[float]]]  # arm -> "<task>#<sample>" -> [success]
+
+
+@dataclass
+class Column:
+    """One arm of the table, read from one run per seed."""
+
+    label: str
+    arm: str
+    runs: list[_Run]
+
+
+def _load(folder: Path) -> _Run:
     """A run's report and, per arm, each task's successes."""
     for name in ("report.json", "episodes.csv"):
         if not (folder / name).exists():
@@ -31,28 +55,71 @@ def _load(folder: Path) -> tuple[dict[str, Any], dict[str, dict[str, list[float]
         for row in csv.DictReader(f):
             key = f"{row['task_id']}#{row.get('sample') or 0}"  # one pair per task and sample
             by_arm.setdefault(row["arm"], {})[key] = [float(float(row["score"]) >= 1.0)]
-    return report, by_arm
+    return _Run(folder, report, by_arm)
 
 
 SAME = ("env", "env_options", "split", "samples", "temperature", "on_overflow", "repeat_rule")
 
 
-def _check_alike(runs: list[tuple[Path, dict[str, Any], dict[str, Any]]]) -> None:
-    """The runs must differ in the model alone: the same tasks per arm, the same settings."""
-    first, report, by_arm = runs[0]
-    for folder, other, other_by_arm in runs[1:]:
-        changed = [k for k in SAME if report["meta"].get(k) != other["meta"].get(k)]
-        budgets = [{a: s["budget"] for a, s in r["arms"].items()} for r in (report, other)]
-        changed += ["budget"] if budgets[0] != budgets[1] else []
+def _check_alike(runs: list[_Run]) -> None:
+    """The runs must differ in the model alone: the same settings and budgets."""
+    first = runs[0]
+    for run in runs[1:]:
+        changed = [k for k in SAME if first.report["meta"].get(k) != run.report["meta"].get(k)]
+        common = set(first.report["arms"]) & set(run.report["arms"])
+        if any(
+            first.report["arms"][a]["budget"] != run.report["arms"][a]["budget"] for a in common
+        ):
+            changed.append("budget")
         if changed:
             raise ValueError(
-                f"{folder} was evaluated under other settings than {first} ({', '.join(changed)})"
+                f"{run.folder} was evaluated under other settings than {first.folder} "
+                f"({', '.join(changed)})"
             )
-        for arm in set(by_arm) | set(other_by_arm):
-            if set(by_arm.get(arm, {})) != set(other_by_arm.get(arm, {})):
+
+
+def _check_tasks(columns: list[Column]) -> None:
+    """Every run of every column ran its arm on the same tasks."""
+    ref = columns[0].runs[0]
+    want = set(ref.by_arm.get(columns[0].arm, {}))
+    for col in columns:
+        for run in col.runs:
+            if set(run.by_arm.get(col.arm, {})) != want:
                 raise ValueError(
-                    f"the runs were evaluated on different tasks: {arm} in {folder} and {first}"
+                    f"the runs were evaluated on different tasks: {col.arm} in {run.folder} "
+                    f"and {columns[0].arm} in {ref.folder}"
                 )
+
+
+def parse_columns(args: list[str]) -> list[Column]:
+    """``ARM[:NAME]=RUN,RUN,...`` per argument (see the module's docstring)."""
+    loaded: dict[Path, _Run] = {}
+    columns: list[Column] = []
+    for arg in args:
+        label, sep, folders = arg.partition("=")
+        arm = label.split(":", 1)[0]
+        if not sep or arm not in ARMS or not folders.strip(","):
+            raise ValueError(
+                f"column {arg!r}: write ARM=RUN,RUN,... or ARM:NAME=RUN,... with ARM one of "
+                f"{', '.join(ARMS)}"
+            )
+        if any(c.label == label for c in columns):
+            raise ValueError(f"column {label!r} is given twice: name them ARM:NAME")
+        runs = []
+        for f in folders.split(","):
+            path = Path(f)
+            if path not in loaded:
+                loaded[path] = _load(path)
+            if arm not in loaded[path].report["arms"]:
+                raise ValueError(f"column {label!r}: {path} has no {arm} episodes")
+            runs.append(loaded[path])
+        columns.append(Column(label, arm, runs))
+    counts = {c.label: len(c.runs) for c in columns}
+    if len(set(counts.values())) != 1:
+        raise ValueError(
+            f"the columns pair run by run (seed by seed), so each needs as many: {counts}"
+        )
+    return columns
 
 
 def _spread(values: list[float], fmt: str) -> str:
@@ -61,27 +128,48 @@ def _spread(values: list[float], fmt: str) -> str:
 
 
 def seeds_table(folders: list[str | Path], output: str | Path | None = None) -> str:
-    """Markdown: every run's figures, then mean [min, max] per arm, then paired differences."""
+    """Markdown: every run's figures, then mean [min, max] per arm, then paired differences.
+    ``folders`` are run folders (each run holds every arm) or ``ARM[:NAME]=RUN,...`` columns."""
     if len(folders) < 1:
         raise ValueError("acmrl eval seeds needs at least one result folder")
-    runs = [(Path(f), *_load(Path(f))) for f in folders]
-    _check_alike(runs)
-    arms = [a for a in ARMS if any(a in r["arms"] for _, r, _ in runs)]
+    if any("=" in str(f) for f in folders):
+        if not all("=" in str(f) for f in folders):
+            raise ValueError("give either run folders or ARM=RUN,... columns, not both")
+        columns = parse_columns([str(f) for f in folders])
+        _check_alike(list({id(r): r for c in columns for r in c.runs}.values()))
+    else:
+        runs = [_load(Path(f)) for f in folders]
+        _check_alike(runs)
+        for run in runs[1:]:  # an arm one run lacks is a task set that differs
+            for arm in set(runs[0].by_arm) | set(run.by_arm):
+                if set(runs[0].by_arm.get(arm, {})) != set(run.by_arm.get(arm, {})):
+                    raise ValueError(
+                        f"the runs were evaluated on different tasks: {arm} in {run.folder} "
+                        f"and {runs[0].folder}"
+                    )
+        columns = [
+            Column(arm, arm, runs) for arm in ARMS if any(arm in r.report["arms"] for r in runs)
+        ]
+    _check_tasks(columns)
+    return _table(columns, output)
+
+
+def _table(columns: list[Column], output: str | Path | None) -> str:
+    n_runs = max(len(c.runs) for c in columns)
     lines = [
-        f"# {len(runs)} runs, every one listed",
+        f"# {n_runs} runs per arm, every one listed",
         "",
         "| run | arm | Pass@1 [95% CI] | peak tokens | overflow | Compaction Cost/ep |",
         "|---|---|---|---|---|---|",
     ]
-    for folder, report, _ in runs:
-        for arm in arms:
-            s = report["arms"].get(arm)
-            if s is not None:
-                lines.append(
-                    f"| {folder} | {arm} | {s['pass@1']:.3f} [{s['pass@1_low']:.2f}, "
-                    f"{s['pass@1_high']:.2f}] | {s['peak_context_tokens']:.0f} | "
-                    f"{s['overflow']:.2f} | {s['compaction_cost']:.0f} |"
-                )
+    for col in columns:
+        for run in col.runs:
+            s = run.report["arms"][col.arm]
+            lines.append(
+                f"| {run.folder} | {col.label} | {s['pass@1']:.3f} [{s['pass@1_low']:.2f}, "
+                f"{s['pass@1_high']:.2f}] | {s['peak_context_tokens']:.0f} | "
+                f"{s['overflow']:.2f} | {s['compaction_cost']:.0f} |"
+            )
     lines += [
         "",
         "Mean [min, max] over the runs:",
@@ -89,27 +177,33 @@ def seeds_table(folders: list[str | Path], output: str | Path | None = None) -> 
         "| arm | runs | Pass@1 | peak tokens | Compaction Cost/ep |",
         "|---|---|---|---|---|",
     ]
-    for arm in arms:
-        got = [r["arms"][arm] for _, r, _ in runs if arm in r["arms"]]
+    for col in columns:
+        got = [r.report["arms"][col.arm] for r in col.runs]
         lines.append(
-            f"| {arm} | {len(got)} | {_spread([s['pass@1'] for s in got], '.3f')} | "
+            f"| {col.label} | {len(got)} | {_spread([s['pass@1'] for s in got], '.3f')} | "
             f"{_spread([s['peak_context_tokens'] for s in got], '.0f')} | "
             f"{_spread([s['compaction_cost'] for s in got], '.0f')} |"
         )
-    peaks = {
-        arm: [r["arms"][arm]["peak_context_tokens"] for _, r, _ in runs if arm in r["arms"]]
-        for arm in ("react", "acm")
-    }
-    if all(peaks.values()) and sum(peaks["react"]):
-        ratio = (sum(peaks["acm"]) / len(peaks["acm"])) / (
-            sum(peaks["react"]) / len(peaks["react"])
+
+    def mean_peak(col: Column) -> float:
+        return sum(r.report["arms"][col.arm]["peak_context_tokens"] for r in col.runs) / len(
+            col.runs
         )
-        lines += ["", f"Mean peak tokens, acm / react: {ratio:.3f}."]
+
+    ratios = [
+        f"{b.label} / {a.label}: {mean_peak(b) / mean_peak(a):.3f}"
+        for a in columns
+        if a.arm == "react" and mean_peak(a)
+        for b in columns
+        if b.arm == "acm"
+    ]
+    if ratios:
+        lines += ["", f"Mean peak tokens, {'; '.join(ratios)}."]
     archive = [
-        (folder, arm, r["arms"][arm])
-        for folder, r, _ in runs
-        for arm in arms
-        if r["arms"].get(arm, {}).get("archive_episodes")
+        (run, col)
+        for col in columns
+        for run in col.runs
+        if run.report["arms"][col.arm].get("archive_episodes")
     ]
     if archive:
         lines += [
@@ -119,31 +213,49 @@ def seeds_table(folders: list[str | Path], output: str | Path | None = None) -> 
             "| run | arm | episodes | asked the archive | Pass@1 when asked | Pass@1 when not |",
             "|---|---|---|---|---|---|",
         ]
-        for folder, arm, s in archive:
+        for run, col in archive:
+            s = run.report["arms"][col.arm]
             asked, other = s["archive_pass_queried"], s["archive_pass_unqueried"]
             lines.append(
-                f"| {folder} | {arm} | {s['archive_episodes']} | "
+                f"| {run.folder} | {col.label} | {s['archive_episodes']} | "
                 f"{s['archive_queried']:.2f} | {'-' if asked is None else f'{asked:.2f}'} | "
                 f"{'-' if other is None else f'{other:.2f}'} |"
             )
-    pairs = [(a, b) for a, b in PAIRS if a in arms and b in arms]
+    pairs = [
+        (ca, cb) for a, b in PAIRS for ca in columns if ca.arm == a for cb in columns if cb.arm == b
+    ]
     if pairs:
         lines += [
             "",
-            "Paired differences per run (b - a over the tasks both arms ran):",
+            "Paired differences (b - a over the tasks both arms ran), per run and over all runs "
+            "(the interval resamples tasks, each task's successes averaged over the runs; the "
+            "pooled McNemar pairs every run's episodes):",
             "",
             "| a | b | run | Pass@1 b - a | paired 95% CI | b alone / a alone | exact McNemar p |",
             "|---|---|---|---|---|---|---|",
         ]
-    for a, b in pairs:
-        for folder, _, by_arm in runs:
-            if a not in by_arm or b not in by_arm:
-                continue
-            p = paired_bootstrap(by_arm[a], by_arm[b])
-            m = mcnemar(by_arm[a], by_arm[b])
+    for ca, cb in pairs:
+        pooled_a: dict[str, list[float]] = {}
+        pooled_b: dict[str, list[float]] = {}
+        by_task_a: dict[str, list[float]] = {}
+        by_task_b: dict[str, list[float]] = {}
+        for i, (ra, rb) in enumerate(zip(ca.runs, cb.runs, strict=True)):
+            a, b = ra.by_arm[ca.arm], rb.by_arm[cb.arm]
+            p, m = paired_bootstrap(a, b), mcnemar(a, b)
+            where = ra.folder if ra is rb else f"{ra.folder} : {rb.folder}"
             lines.append(
-                f"| {a} | {b} | {folder} | {p.diff:+.3f} | [{p.low:+.3f}, {p.high:+.3f}] | "
-                f"{m.only_b} / {m.only_a} | {m.p:.3g} |"
+                f"| {ca.label} | {cb.label} | {where} | {p.diff:+.3f} | [{p.low:+.3f}, "
+                f"{p.high:+.3f}] | {m.only_b} / {m.only_a} | {m.p:.3g} |"
+            )
+            for key in set(a) & set(b):
+                pooled_a[f"{i}/{key}"], pooled_b[f"{i}/{key}"] = a[key], b[key]
+                by_task_a.setdefault(key, []).extend(a[key])
+                by_task_b.setdefault(key, []).extend(b[key])
+        if len(ca.runs) > 1:
+            p, m = paired_bootstrap(by_task_a, by_task_b), mcnemar(pooled_a, pooled_b)
+            lines.append(
+                f"| {ca.label} | {cb.label} | all {len(ca.runs)} runs | {p.diff:+.3f} | "
+                f"[{p.low:+.3f}, {p.high:+.3f}] | {m.only_b} / {m.only_a} | {m.p:.3g} |"
             )
     text = "\n".join(lines) + "\n"
     if output is not None:
