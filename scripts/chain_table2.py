@@ -91,6 +91,9 @@ def configs(
         run = dataclasses.replace(sft, seed=seed, output=str(out / f"sft-s{seed}"))
         run.dataset = str(out / "annotate")
         run.optim = dataclasses.replace(sft.optim, max_steps=steps)
+        # every 25th step's adapter is kept (32 MB each): the dev worlds can choose a step count
+        # from a seed's own checkpoints without training it again
+        run.save_every, run.save_total_limit = 25, None
         out_cfgs[f"sft-s{seed}"] = run
         policy = out / f"sft-s{seed}" / "final"
         if round_tasks:

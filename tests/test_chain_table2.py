@@ -33,6 +33,7 @@ def test_the_protocol_trains_and_tests_on_separate_worlds(tmp_path):
     for seed in (0, 1):
         sft = load_config(SFTConfig, cfgs / f"sft-s{seed}.yaml", [])
         assert (sft.seed, sft.optim.max_steps) == (seed, 7)
+        assert (sft.save_every, sft.save_total_limit) == (25, None)  # dev can choose steps
         for part in ("dev", "test"):
             ev = load_config(EvalConfig, cfgs / f"eval-{part}-s{seed}.yaml", [])
             assert ev.agent.on_overflow == "force_answer" and ev.env.split == "eval"
