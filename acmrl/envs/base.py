@@ -188,6 +188,12 @@ class Environment:
         terms = [str(t).strip() for t in [*read, *answers]]
         return list(dict.fromkeys(t for t in terms if len(t) >= 2 and re.search(r"\w", t)))
 
+    def notes_of(self, task: Task, result: str) -> list[str] | None:
+        """The lines of one tool result that a teacher's summary keeps verbatim for ``task``
+        (what the question is known to need once that result is read); None leaves it to the
+        teacher's own reading of documents (kb_search's sentences)."""
+        return None
+
     def answer_evidence(self, task: Task) -> list[Evidence]:
         """What a policy must see to give the answer (:class:`Evidence`). By default the answer
         itself: the first accepted answer, or every item of an answer set.

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from acmrl.context.render import tool_schema
-from acmrl.envs.base import EnvError, Environment, Handler, Plan, Task, ToolError
-from acmrl.envs.code_questions import TEMPLATES, Question, find_questions
+from acmrl.envs.base import EnvError, Environment, Evidence, Handler, Plan, Task, ToolError
+from acmrl.envs.code_flow import Flow, Fn, arg_flow, functions
+from acmrl.envs.code_questions import TEMPLATES, Question, find_questions, index_modules
 from acmrl.envs.scoring import Judge
 
 DEFAULT_EXCLUDE = (
@@ -91,6 +92,23 @@ class CodeTree:
 
     # -- the tools ------------------------------------------------------------------------------
 
+    def find_def(self, defs: list[Fn], name: str, path: str = ".") -> str:
+        """Where functions and methods named ``name`` (``Class.method`` or a bare name) are
+        defined under ``path``: ``path:line: def name``, never their code."""
+        real = self.resolve(path)
+        top = self.rel(real)
+        hits = [
+            f"{fn.mod.rel}:{fn.node.lineno}: def {fn.qual}"
+            for fn in defs
+            if name.strip() in (fn.qual, fn.node.name)
+            and (top == "." or fn.mod.rel == top or fn.mod.rel.startswith(top.rstrip("/") + "/"))
+        ]
+        if not hits:
+            return f"No function or method named {name!r} under {top}."
+        more = len(hits) - self.max_hits
+        shown = hits[: self.max_hits] + ([f"... {more} more; give a path"] if more > 0 else [])
+        return "\n".join(shown)
+
     def list_dir(self, path: str = ".") -> str:
         real = self.resolve(path)
         if not real.is_dir():
@@ -150,6 +168,26 @@ class CodeTree:
         return "\n".join(hits)
 
 
+ALL_TEMPLATES = (*TEMPLATES, "arg_flow")
+_WINDOW = re.compile(r"^(\S+) lines \d+-\d+ of \d+")  # read_file's first line
+_NUMBERED = re.compile(r"^\s*(\d+)\| (.*)$", re.MULTILINE)
+
+# the chain preset: questions whose three reads do not fit the budget together (docs/envs.md)
+PRESETS: dict[str | None, dict[str, Any]] = {
+    None: {"templates": tuple(TEMPLATES), "window": None, "max_context_tokens": 8192},
+    "chain": {"templates": ("arg_flow",), "window": 30, "max_context_tokens": 2048},
+}
+
+
+def _same_expression(answer: str, expected: str) -> bool:
+    """Whether ``answer`` is the Python expression ``expected`` (spacing and quotes aside)."""
+    try:
+        got = ast.parse(answer.strip().strip("`").strip(), mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return ast.dump(got) == ast.dump(ast.parse(expected, mode="eval"))
+
+
 def _split_of(key: str, eval_frac: float) -> str:
     bucket = int(hashlib.sha1(key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
     return "eval" if bucket < eval_frac else "train"
@@ -165,15 +203,16 @@ class CodeNav(Environment):
         root: str | os.PathLike[str] | None = None,
         seed: int = 0,
         *,
-        templates: tuple[str, ...] | list[str] = tuple(TEMPLATES),
+        preset: str | None = None,
+        templates: tuple[str, ...] | list[str] | None = None,
         exclude: tuple[str, ...] | list[str] = DEFAULT_EXCLUDE,
         eval_frac: float = 0.2,
         n_train: int | None = None,
         n_eval: int | None = None,
         check_imports: bool | None = None,
-        max_read_lines: int = 200,
+        max_read_lines: int | None = None,
         max_grep_hits: int = 40,
-        max_context_tokens: int = 8192,
+        max_context_tokens: int | None = None,
         metric: str = "em",
         judge: Judge | None = None,
     ) -> None:
@@ -181,17 +220,49 @@ class CodeNav(Environment):
         root_path = Path(root).expanduser().resolve() if root is not None else stdlib_root()
         if not root_path.is_dir():
             raise EnvError(f"code_nav root={str(root)!r} is not a directory")
-        unknown = sorted(set(templates) - set(TEMPLATES))
+        if preset not in PRESETS:
+            raise EnvError(f"code_nav has no preset {preset!r}; presets: {list(PRESETS)}")
+        p = PRESETS[preset]
+        templates = tuple(templates) if templates is not None else p["templates"]
+        unknown = sorted(set(templates) - set(ALL_TEMPLATES))
         if unknown:
-            raise EnvError(f"code_nav has no template(s) {unknown}; templates: {list(TEMPLATES)}")
+            raise EnvError(
+                f"code_nav has no template(s) {unknown}; templates: {list(ALL_TEMPLATES)}"
+            )
+        self.preset = preset
         self.root = root_path
-        self.max_context_tokens = max_context_tokens
-        self.tree = CodeTree(root_path, tuple(exclude), max_read_lines, max_grep_hits)
+        self.max_context_tokens = max_context_tokens or p["max_context_tokens"]
+        # the chain preset reads a fixed window from a line (a viewer, as an opened document),
+        # finds definitions by name and has no grep: a grep line would show the call itself
+        self.window = (max_read_lines or p["window"]) if p["window"] else None
+        lines = max_read_lines or self.window or 200
+        self.tree = CodeTree(root_path, tuple(exclude), lines, max_grep_hits)
         if check_imports is None:  # only the interpreter's own stdlib can be imported safely
             check_imports = root_path == stdlib_root()
+        files = self.tree.files(root_path)
+        modules = index_modules(root_path, files)  # parsed once for every template
+        classic = [t for t in templates if t in TEMPLATES]
         questions, self.report = find_questions(
-            root_path, self.tree.files(root_path), list(templates), check_imports=check_imports
+            root_path, files, classic, check_imports=check_imports, modules=modules
         )
+        self._flows: dict[str, Flow] = {}
+        self._defs: list[Fn] = functions(modules) if self.window else []
+        if "arg_flow" in templates:
+            sources = {
+                m.rel: (root_path / m.rel).read_text(encoding="utf-8").splitlines()
+                for m in modules.values()
+            }
+            flows = arg_flow(modules, sources)
+            n = len(flows)
+            self.report["arg_flow"] = {
+                "candidates": n,
+                "confirmed": 0,
+                "mismatch": 0,
+                "ast_only": n,
+            }
+            for q, flow in flows:
+                questions.append(q)
+                self._flows[q.key] = flow
         rng = random.Random(seed)
         self._questions: dict[str, Question] = {}
         for split, limit in (("train", n_train), ("eval", n_eval)):
@@ -216,12 +287,39 @@ class CodeNav(Environment):
                 "answer_set": q.answer_set,
                 "gold_files": q.files,
                 "literal": q.literal,
+                **(
+                    {"arguments": list(self._flows[q.key].arguments)}
+                    if q.key in self._flows
+                    else {}
+                ),
             },
         )
 
     def tools(self) -> list[dict[str, Any]]:
         s = {"type": "string"}
         i = {"type": "integer"}
+        if self.window:
+            return [
+                tool_schema(
+                    "find_def",
+                    "Find where a function or method is defined (a name or Class.method); "
+                    "prints path:line, not the code.",
+                    {
+                        "name": {**s, "description": "Function or Class.method name."},
+                        "path": {**s, "description": "File or directory (default '.')."},
+                    },
+                    required=["name"],
+                ),
+                tool_schema(
+                    "read_file",
+                    f"Show {self.window} lines of a file from line start (numbered).",
+                    {
+                        "path": {**s, "description": "File path."},
+                        "start": {**i, "description": "First line (default 1)."},
+                    },
+                    required=["path"],
+                ),
+            ]
         return [
             tool_schema(
                 "list_dir",
@@ -251,6 +349,11 @@ class CodeNav(Environment):
         ]
 
     def _handlers(self, task: Task) -> dict[str, Handler]:
+        if self.window:
+            return {
+                "find_def": lambda name, path=".": self.tree.find_def(self._defs, name, path),
+                "read_file": lambda path, start=1: self.tree.read_file(path, start),
+            }
         return {
             "list_dir": self.tree.list_dir,
             "read_file": self.tree.read_file,
@@ -258,13 +361,76 @@ class CodeNav(Environment):
         }
 
     def oracle_plan(self, task: Task) -> Plan:
+        q = self._questions[task.id]
+        flow = self._flows.get(q.key)
+        if flow is not None:
+            return [*self._flow_plan(flow), ("answer", {"text": q.answer_text})]
         return [
             *self._questions[task.id].plan,
             ("answer", {"text": self._questions[task.id].answer_text}),
         ]
 
+    def _flow_plan(self, flow: Flow) -> Plan:
+        """Find each definition and read windows from its ``def`` until the line that matters
+        (the call in ``f`` and ``h``, the signature of ``k``) has been shown whole."""
+        width = self.tree.max_lines
+        plan: Plan = []
+        for (path, qual, line), last in (
+            (flow.f, flow.f_call[1]),
+            (flow.h, flow.h_call[1]),
+            (flow.k, flow.k[2]),
+        ):
+            plan.append(("find_def", {"name": qual, "path": path}))
+            start = line
+            while True:
+                plan.append(("read_file", {"path": path, "start": start}))
+                if last < start + width:
+                    break
+                start += width
+        return plan
+
+    def key_terms(self, task: Task) -> list[str]:
+        """arg_flow: the default terms and every argument of ``f``'s call (which one matters is
+        known only after the last read, so a summary must keep them all)."""
+        terms = super().key_terms(task)
+        args = [a for a in task.metadata.get("arguments", []) if len(a) >= 2]
+        return list(dict.fromkeys([*terms, *args]))
+
+    def notes_of(self, task: Task, result: str) -> list[str] | None:
+        """arg_flow: a window's lines that the question names as needed (the call to ``h`` in
+        ``f``, the call to ``k`` in ``h``, ``k``'s ``def``), as ``path:line: code``; the other
+        templates leave it to the teacher."""
+        flow = self._flows.get(self._questions[task.id].key)
+        head = _WINDOW.match(result)
+        if flow is None or head is None:
+            return None
+        wanted = {(flow.f[0], n) for n in range(flow.f_call[0], flow.f_call[1] + 1)} | {
+            (flow.h[0], n) for n in range(flow.h_call[0], flow.h_call[1] + 1)
+        }
+        wanted.add((flow.k[0], flow.k[2]))
+        out = []
+        for m in _NUMBERED.finditer(result):
+            if (head.group(1), int(m.group(1))) in wanted:
+                out.append(f"{head.group(1)}:{m.group(1)}: {m.group(2).strip()}")
+        return out
+
+    def answer_evidence(self, task: Task) -> list[Evidence]:
+        """arg_flow: the three lines that make the chain (the argument in ``f``'s call, the
+        parameter in ``h``'s call, ``k``'s signature); else the answer itself."""
+        flow = self._flows.get(self._questions[task.id].key)
+        if flow is None:
+            return super().answer_evidence(task)
+        return [Evidence(line) for line in flow.evidence]
+
     def score(self, task: Task, answer: str | None) -> float:
-        """Parameter defaults compare as Python values (``-1`` is not ``1``, ``'a'`` is ``"a"``)."""
+        """Parameter defaults compare as Python values (``-1`` is not ``1``, ``'a'`` is ``"a"``),
+        arg_flow arguments as expressions (``d[ 'k' ]`` is ``d["k"]``)."""
+        if (
+            answer is not None
+            and self.judge is None
+            and task.metadata.get("template") == "arg_flow"
+        ):
+            return float(_same_expression(answer, str(task.answer)))
         if answer is not None and self.judge is None and "literal" in task.metadata:
             literal = task.metadata["literal"]
             if literal is not None:

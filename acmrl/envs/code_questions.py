@@ -416,11 +416,17 @@ _FINDERS = {
 
 
 def find_questions(
-    root: Path, files: list[Path], templates: list[str], *, check_imports: bool
+    root: Path,
+    files: list[Path],
+    templates: list[str],
+    *,
+    check_imports: bool,
+    modules: dict[str, Module] | None = None,
 ) -> tuple[list[Question], dict[str, dict[str, int]]]:
     """All questions of ``templates`` in the code base, and per template: ``candidates`` found by
-    ``ast``, ``confirmed`` by the imported object, ``mismatch`` (dropped) and ``ast_only``."""
-    modules = index_modules(root, files)
+    ``ast``, ``confirmed`` by the imported object, ``mismatch`` (dropped) and ``ast_only``
+    (``modules``: :func:`index_modules` of ``files``, when the caller has it already)."""
+    modules = index_modules(root, files) if modules is None else modules
     imp = _Importer(check_imports)
     questions: list[Question] = []
     report: dict[str, dict[str, int]] = {}

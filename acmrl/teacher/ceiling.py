@@ -204,7 +204,9 @@ class Trivial:
     title a listing shows when one is an accepted answer (an upper bound of answering from
     titles), else the last listing's first; ``frequent`` answers the training split's most
     frequent answer; ``random`` a training answer drawn per task (``answers``: (task id,
-    answer) of the training split; the task's own is left out)."""
+    answer) of the training split; the task's own is left out). On code_nav's chain,
+    ``first_argument`` and ``random_argument`` read the first definition's call and answer its
+    first argument, or one drawn per task, without following it."""
 
     def __init__(
         self, name: str, env: Environment, task: Task, answers: list[tuple[str, str]]
@@ -225,6 +227,22 @@ class Trivial:
         if self.name == "random":
             rng = random.Random(zlib.crc32(self.task.id.encode()))
             return _answer(rng.choice(self.answers) if self.answers else UNKNOWN, "A guess.")
+        if self.name in ("first_argument", "random_argument"):
+            # code_nav chain: read the first definition's call (the plan up to the second
+            # find_def), then answer one of the call's arguments without following it
+            plan = self.env.oracle_plan(self.task)
+            finds = [i for i, (n, _) in enumerate(plan) if n == "find_def"]
+            reads = plan[: finds[1]] if len(finds) > 1 else []
+            if self.turn <= len(reads):
+                name, args = reads[self.turn - 1]
+                return Demonstrator._turn("I read the call.", name, args)
+            shown = [a for a in self.task.metadata.get("arguments", []) if a in prompt]
+            if not shown:
+                return _answer(UNKNOWN, "The call is not in view.")
+            if self.name == "first_argument":
+                return _answer(shown[0], "The call's first argument.")
+            rng = random.Random(zlib.crc32(self.task.id.encode()))
+            return _answer(rng.choice(shown), "One of the call's arguments.")
         if self.name == "first_result":
             if self.turn == 1:
                 return Demonstrator._turn(
@@ -242,6 +260,7 @@ class Trivial:
 
 
 TRIVIAL = ("first_result", "listed_title", "frequent", "random")
+CODE_TRIVIAL = ("first_argument", "random_argument", "frequent", "random")  # code_nav chain
 
 
 def audit_reply(

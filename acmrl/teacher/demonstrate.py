@@ -57,6 +57,7 @@ from acmrl.teacher.oracle import (
     plan_line,
 )
 
+READS = ("open", "read_file")  # the environment calls that read a document or a file
 _SIGNAL = re.compile(r"\[context: (\d+) of \d+ tokens\]")
 _DOC = re.compile(r"^\[([^\]\s]+)\] ([^\n]+)\n\n(.*)", re.DOTALL)  # an opened document
 _RESULT = re.compile(r"^\[([^\]\s]+)\] ([^:\n]+):", re.MULTILINE)  # a search result line
@@ -132,7 +133,7 @@ class Demonstrator:
         # compact once the pressure is reached right after reading a document (its facts are
         # what a summary keeps), or whenever the next document would not fit (a late task: only
         # then, so it answers without compacting once nothing more is to be read)
-        just_read = bool(self.done) and self.done[-1][0] == "open" and not self.late
+        just_read = bool(self.done) and self.done[-1][0] in READS and not self.late
         if (
             self.arm_def.compacts
             and not self.compacted
@@ -250,6 +251,10 @@ class Demonstrator:
             for c in steps.split("\nresult: ")[1:]
         ]
         for chunk in chunks:
+            kept = self.env.notes_of(self.task, chunk)
+            if kept is not None:  # the environment says what of this result matters
+                facts += [line for line in kept if line not in facts]
+                continue
             doc = _DOC.match(chunk)
             if doc and not chunk.startswith("Results for"):
                 read.append(doc.group(1))
@@ -260,7 +265,7 @@ class Demonstrator:
                         facts.append(sentence)
             else:
                 found |= {m.group(1): m.group(2) for m in _RESULT.finditer(chunk)}
-        if not read and not found:  # a format the parser does not know: the task's hop facts
+        if not read and not found and not facts:  # a format the parser does not know
             facts = [
                 f[0].upper() + f[1:]
                 for f in self.task.metadata.get("facts", [])

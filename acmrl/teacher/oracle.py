@@ -137,6 +137,10 @@ def _describe(
         return f"{args['doc_id']} is the document I need next; I should read it before I go on."
     if name == "answer":
         return f"I have read everything the question depends on, {ANSWER_NOW}"
+    if name == "find_def":
+        return f"I need to see where {args['name']} is defined."
+    if name == "read_file" and "start" in args:
+        return f"I read {args['path']} from line {args['start']}."
     return f"The next thing I need is to call {name} with {json.dumps(args)}."
 
 
@@ -159,7 +163,10 @@ def plan_line(name: str, args: dict[str, Any]) -> str | None:
         "search": f'search for "{value}".',
         "open": f"open {value}.",
         "answer": f'answer "{value}".',
+        "find_def": f"find where {value} is defined.",
     }
+    if name == "read_file" and "start" in args:
+        return f"read {value} from line {args['start']}."
     return forms.get(name)
 
 

@@ -1,0 +1,236 @@
+"""``arg_flow``: which argument of a call reaches a parameter two calls down, derived with ``ast``.
+
+The question a developer asks before changing a call: ``f`` calls ``h(a, b, c)``; ``h`` hands
+some of its parameters on to ``k``; which of ``f``'s arguments becomes ``k``'s parameter ``q``?
+Answering it takes three definitions: ``f`` (the call and its arguments), ``h`` (which of its
+parameters it passes to ``k``, and where) and ``k`` (which position is ``q``). The argument must
+be carried from the first read to the last, and which one matters is known only at the end.
+
+A question is kept only where each of the three reads is needed and no shortcut names the
+answer: ``h`` passes at least two of its own parameters to ``k`` by position (so ``k``'s
+signature decides), the answer is not the argument at ``q``'s position in ``f``'s call, not
+named like ``q`` or ``h``'s parameter, not ``f``'s first argument, and not a constant (a value
+such as ``None`` or ``''`` is a guess's favourite). ``f`` calls ``h`` once and ``h`` calls ``k``
+once, ``h``'s parameter is not reassigned before it is passed on, and ``h`` and ``k`` take no
+``*args``, ``**kwargs``, positional-only parameters or decorators, so the binding is the
+call's own. Calls resolve statically: a module's function (imported ones followed through
+re-exports) or ``self.<method>`` of the calling method's own class. The answer is ``ast``'s;
+nothing is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from acmrl.envs.code_questions import Module, Question, _defining
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+@dataclass(frozen=True)
+class Fn:
+    """A function of the code base: its module, its class (methods) and its definition."""
+
+    mod: Module
+    cls: str | None
+    node: ast.FunctionDef
+
+    @property
+    def qual(self) -> str:
+        return f"{self.cls}.{self.node.name}" if self.cls else self.node.name
+
+    def positional(self) -> list[str]:
+        names = [a.arg for a in self.node.args.args]
+        return names[1:] if self.cls else names  # a method's self is bound already
+
+
+def _inside(fn: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of ``fn``'s body, not entering nested functions, classes or lambdas."""
+    stack = list(getattr(fn, "body", []))
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(c for c in ast.iter_child_nodes(node) if not isinstance(c, _SCOPES))
+
+
+def _stored(fn: ast.FunctionDef) -> set[str]:
+    """The names ``fn``'s body assigns (a parameter among them is not the caller's value)."""
+    return {
+        n.id
+        for n in _inside(fn)
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store | ast.Del)
+    }
+
+
+def _simple(fn: ast.FunctionDef) -> bool:
+    a = fn.args
+    return not (a.vararg or a.kwarg or a.posonlyargs or fn.decorator_list)
+
+
+def functions(modules: dict[str, Module]) -> list[Fn]:
+    """Every module-level function and every method of a module-level class."""
+    out = []
+    for mod in modules.values():
+        for node in mod.tree.body:
+            if isinstance(node, ast.FunctionDef):
+                out.append(Fn(mod, None, node))
+            elif isinstance(node, ast.ClassDef):
+                out += [Fn(mod, node.name, m) for m in node.body if isinstance(m, ast.FunctionDef)]
+    return out
+
+
+class _Resolver:
+    def __init__(self, modules: dict[str, Module], fns: list[Fn]) -> None:
+        self.modules = modules
+        self.methods = {(f.mod.name, f.cls, f.node.name): f for f in fns if f.cls}
+        self.top = {(f.mod.name, f.node.name): f for f in fns if not f.cls}
+
+    def callee(self, caller: Fn, call: ast.Call, local: set[str]) -> Fn | None:
+        func = call.func
+        if isinstance(func, ast.Name) and func.id not in local:
+            found = self.top.get((caller.mod.name, func.id))
+            if found is None and func.id not in caller.mod.defs:
+                where = _defining(self.modules, caller.mod.name, func.id)
+                found = self.top.get((where.name, func.id)) if where is not None else None
+            return found
+        is_self = isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
+        if is_self and caller.cls and func.value.id == "self" == _first_param(caller.node):
+            return self.methods.get((caller.mod.name, caller.cls, func.attr))
+        return None
+
+
+def _first_param(fn: ast.FunctionDef) -> str | None:
+    return fn.args.args[0].arg if fn.args.args else None
+
+
+def _bind(call: ast.Call, fn: Fn) -> dict[str, tuple[ast.expr, int | None]] | None:
+    """``fn``'s parameter -> (argument, position or None for a keyword), or None if the call
+    unpacks (``*xs``, ``**kw``) or does not fit the signature."""
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(
+        k.arg is None for k in call.keywords
+    ):
+        return None
+    pos = fn.positional()
+    names = set(pos) | {a.arg for a in fn.node.args.kwonlyargs}
+    if len(call.args) > len(pos) or any(k.arg not in names for k in call.keywords):
+        return None
+    bound: dict[str, tuple[ast.expr, int | None]] = {
+        p: (a, i)
+        for i, (p, a) in enumerate(zip(pos, call.args, strict=False))  # fewer args: defaults
+    }
+    for k in call.keywords:
+        if k.arg in bound:
+            return None
+        bound[k.arg] = (k.value, None)
+    return bound
+
+
+@dataclass(frozen=True)
+class Flow:
+    """Where the three reads of an ``arg_flow`` question are: each definition's file and line,
+    and the lines the agent must see (the call in ``f``, the call in ``h``, ``k``'s ``def``)."""
+
+    f: tuple[str, str, int]  # (path, qualified name, def line)
+    h: tuple[str, str, int]
+    k: tuple[str, str, int]
+    f_call: tuple[int, int]  # first and last line of f's call to h
+    h_call: tuple[int, int]
+    arguments: tuple[str, ...]  # f's call's arguments as written
+    evidence: tuple[str, ...]  # the lines (stripped) that show the answer's chain
+
+
+def _line(mod_lines: list[str], n: int) -> str:
+    return mod_lines[n - 1].strip()
+
+
+def arg_flow(
+    modules: dict[str, Module], sources: dict[str, list[str]]
+) -> list[tuple[Question, Flow]]:
+    """Every ``arg_flow`` question of the code base (``sources``: each module's lines by path)."""
+    fns = functions(modules)
+    res = _Resolver(modules, fns)
+    out: list[tuple[Question, Flow]] = []
+    seen: set[str] = set()
+    for f in fns:
+        local_f = _stored(f.node) | {a.arg for a in f.node.args.args}
+        calls = [(c, res.callee(f, c, local_f)) for c in _inside(f.node) if isinstance(c, ast.Call)]
+        counts: dict[int, int] = {}
+        for _, h in calls:
+            if h is not None:
+                counts[id(h.node)] = counts.get(id(h.node), 0) + 1
+        for call, h in calls:
+            if h is None or h.node is f.node or counts[id(h.node)] != 1 or not _simple(h.node):
+                continue
+            bound = _bind(call, h)
+            texts = [ast.unparse(a) for a in call.args] + [
+                ast.unparse(k.value) for k in call.keywords
+            ]
+            if bound is None or len(texts) < 2 or len(set(texts)) != len(texts):
+                continue
+            out += _from_h(res, f, call, h, bound, texts, sources, seen)
+    return out
+
+
+def _from_h(
+    res: _Resolver,
+    f: Fn,
+    call: ast.Call,
+    h: Fn,
+    bound: dict[str, tuple[ast.expr, int | None]],
+    texts: list[str],
+    sources: dict[str, list[str]],
+    seen: set[str],
+) -> list[tuple[Question, Flow]]:
+    stored = _stored(h.node)
+    params = set(h.positional()) | {a.arg for a in h.node.args.kwonlyargs}
+    local_h = stored | params
+    inner = [(c, res.callee(h, c, local_h)) for c in _inside(h.node) if isinstance(c, ast.Call)]
+    out = []
+    for c2, k in inner:
+        if k is None or k.node in (h.node, f.node) or not _simple(k.node):
+            continue
+        if sum(other is not None and other.node is k.node for _, other in inner) != 1:
+            continue
+        if _bind(c2, k) is None:
+            continue
+        passed = [
+            (j, a.id)
+            for j, a in enumerate(c2.args)
+            if isinstance(a, ast.Name) and a.id in params and a.id not in stored
+        ]
+        if len(passed) < 2:  # one parameter passed on would name itself without k's signature
+            continue
+        kpos = k.positional()
+        for j, p in passed:
+            if p not in bound:
+                continue
+            arg, _ = bound[p]
+            answer, q = ast.unparse(arg), kpos[j]
+            same_pos = j < len(call.args) and ast.unparse(call.args[j]) == answer
+            if isinstance(arg, ast.Constant) or same_pos or answer in (q, p) or answer == texts[0]:
+                continue
+            key = f"arg_flow:{f.mod.name}:{f.qual}:{h.qual}:{k.qual}:{q}"
+            if key in seen:
+                continue
+            seen.add(key)
+            fl, hl, kl = (sources[x.mod.rel] for x in (f, h, k))
+            flow = Flow(
+                (f.mod.rel, f.qual, f.node.lineno),
+                (h.mod.rel, h.qual, h.node.lineno),
+                (k.mod.rel, k.qual, k.node.lineno),
+                (call.lineno, call.end_lineno or call.lineno),
+                (c2.lineno, c2.end_lineno or c2.lineno),
+                tuple(texts),
+                (_line(fl, arg.lineno), _line(hl, c2.args[j].lineno), _line(kl, k.node.lineno)),
+            )
+            prompt = (
+                f"In `{f.mod.rel}`, `{f.qual}` calls `{h.qual}` (defined in `{h.mod.rel}`), "
+                f"which passes some of its parameters on to `{k.qual}` (defined in "
+                f"`{k.mod.rel}`). Which argument of `{f.qual}`'s call becomes the parameter "
+                f"`{q}` of `{k.qual}`? Answer with the argument as `{f.qual}` writes it."
+            )
+            files = list(dict.fromkeys([f.mod.rel, h.mod.rel, k.mod.rel]))
+            out.append((Question("arg_flow", key, prompt, answer, answer, files, []), flow))
+    return out

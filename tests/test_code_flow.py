@@ -1,0 +1,182 @@
+"""code_nav's chain preset: arg_flow questions over a small code base whose answers are known by
+hand, the shortcuts they exclude, and the tools that show definitions without their code."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from acmrl.envs import EnvError, load
+
+FILES = {
+    "post/__init__.py": "",
+    "post/desk.py": """
+        from post.routing import route
+        from post.stamps import stamp
+
+
+        def send(config, letter, verbose):
+            handle = config.handle
+            if verbose:
+                print(handle)
+            route(handle, letter.address, letter.body)
+            stamp(letter, letter.address, None)
+
+
+        def twice(a, b):
+            route(a, b, a)
+            route(b, a, b)
+
+
+        class Clerk:
+            def file(self, box, note):
+                return self._sort(box.tray, note.text, box)
+
+            def _sort(self, tray, text, box):
+                return self._drop(text, tray)
+
+            def _drop(self, item, where):
+                return where.append(item)
+    """,
+    "post/routing.py": """
+        from post.sink import deliver
+
+
+        def route(target, address, payload):
+            # a comment line
+            deliver(payload, target)
+    """,
+    "post/stamps.py": """
+        from post.sink import deliver
+
+
+        def stamp(letter, where, mark):
+            deliver(mark, where)
+    """,
+    "post/sink.py": """
+        def deliver(body, sink):
+            return sink(body)
+    """,
+}
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    for rel, text in FILES.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip())
+    return tmp_path
+
+
+def test_arg_flow_questions_are_the_unguessable_ones(root):
+    env = load("code_nav", root=root, preset="chain", eval_frac=0.0)
+    tasks = {t.metadata["template"]: t for t in env.tasks("train")}
+    got = sorted((t.prompt.split("`")[3], t.answer) for t in env.tasks("train"))
+    # send -> route -> deliver: q=body is payload, f's third argument; q=sink is target, f's
+    # first argument (a shortcut: dropped). stamp's answers are a constant (None) and an
+    # argument at its own position; twice calls route twice (ambiguous); Clerk.file -> _sort ->
+    # _drop: item is text, the
+    # second argument, but the argument at item's position (first) is box.tray: kept
+    assert got == [("Clerk.file", "note.text"), ("send", "letter.body")], got
+    assert env.report["arg_flow"]["candidates"] == 2
+    assert set(tasks) == {"arg_flow"}
+    send = next(t for t in env.tasks("train") if t.answer == "letter.body")
+    assert "`deliver`" in send.prompt and "parameter `body`" in send.prompt
+    assert send.metadata["arguments"] == ["handle", "letter.address", "letter.body"]
+    for term in ("handle", "letter.address", "letter.body", "post/desk.py"):
+        assert term in env.key_terms(send)
+
+
+def test_the_oracle_plan_reads_three_windows_and_answers(root):
+    env = load("code_nav", root=root, preset="chain", eval_frac=0.0, max_read_lines=5)
+    task = next(t for t in env.tasks("train") if t.answer == "letter.body")
+    plan = env.oracle_plan(task)
+    names = [n for n, _ in plan]
+    # send's call is on its 5th line: one window of 5 lines shows it
+    assert names == ["find_def", "read_file"] * 3 + ["answer"]
+    session = env.session(task)
+    shown = "\n".join(str(session.call(n, a)) for n, a in plan)
+    assert session.score() == 1.0
+    for ev in env.answer_evidence(task):
+        assert ev.text in shown
+    assert [e.text for e in env.answer_evidence(task)] == [
+        "route(handle, letter.address, letter.body)",
+        "deliver(payload, target)",
+        "def deliver(body, sink):",
+    ]
+    # a window too short for the call pages on
+    short = load("code_nav", root=root, preset="chain", eval_frac=0.0, max_read_lines=2)
+    task = next(t for t in short.tasks("train") if t.answer == "letter.body")
+    reads = [a["start"] for n, a in short.oracle_plan(task) if n == "read_file"]
+    assert reads[:3] == [5, 7, 9]  # send is defined on line 5, its call is on line 9
+
+
+def test_chain_tools_show_where_not_what(root):
+    env = load("code_nav", root=root, preset="chain", eval_frac=0.0, max_read_lines=3)
+    task = env.tasks("train")[0]
+    s = env.session(task)
+    assert [t["function"]["name"] for t in env.tools()] == ["find_def", "read_file"]
+    assert s.call("find_def", {"name": "deliver"}) == "post/sink.py:1: def deliver"
+    assert s.call("find_def", {"name": "Clerk._sort"}) == "post/desk.py:22: def Clerk._sort"
+    assert "No function or method named 'nothing'" in s.call("find_def", {"name": "nothing"})
+    window = s.call("read_file", {"path": "post/routing.py", "start": 4})
+    assert window.splitlines()[0] == "post/routing.py lines 4-6 of 6"
+    assert "Error" in s.call("read_file", {"path": "post/routing.py", "start": 2, "end": 9})
+    assert s.call("grep", {"pattern": "deliver"}).startswith("Error: unknown tool 'grep'")
+
+
+def test_answers_compare_as_expressions(root):
+    env = load("code_nav", root=root, preset="chain", eval_frac=0.0)
+    task = next(t for t in env.tasks("train") if t.answer == "letter.body")
+    assert env.score(task, "`letter . body`") == 1.0
+    assert env.score(task, "letter.address") == 0.0
+    assert env.score(task, "letter.body)") == 0.0  # not an expression
+
+
+def test_unknown_preset_is_named(root):
+    with pytest.raises(EnvError, match="no preset 'chains'"):
+        load("code_nav", root=root, preset="chains")
+
+
+def _padded(text: str, n: int) -> str:
+    """``text`` with an ``n``-line docstring after every ``def`` line (long definitions)."""
+    out = []
+    for line in textwrap.dedent(text).lstrip().splitlines():
+        out.append(line)
+        if line.lstrip().startswith("def "):
+            pad = " " * (len(line) - len(line.lstrip()) + 4)
+            out += [f'{pad}"""Notes.'] + [f"{pad}Line {i} of the notes." for i in range(n)]
+            out.append(f'{pad}"""')
+    return "\n".join(out) + "\n"
+
+
+def test_audit_of_the_chain_preset(tmp_path, default_model_dir):
+    """On long definitions three windows overflow react; summary and acm carry the call's
+    line in their notes and answer; a guess among the call's arguments is what reading one
+    definition buys."""
+    from acmrl.config import AuditConfig
+    from acmrl.eval.audit import run_audit
+
+    for rel, text in FILES.items():
+        path = tmp_path / "code" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(_padded(text, 24))
+    cfg = AuditConfig(output=str(tmp_path / "audit"))
+    cfg.model.name = str(default_model_dir)
+    cfg.env.name = "code_nav"
+    cfg.env.options = {"root": str(tmp_path / "code"), "preset": "chain", "eval_frac": 1.0}
+    cfg.agent.max_context_tokens = 1600
+    cfg.arms = ["react", "summary", "acm"]
+    cfg.trivial = ["first_argument", "random_argument"]
+    report = run_audit(cfg)
+    rows = {(r["strategy"], r["arm"]): r for r in report["strategies"]}
+    assert report["tasks"] == 2
+    assert rows[("ceiling", "react")]["pass@1"] == 0.0
+    assert rows[("ceiling", "react")]["overflow"] == 1.0
+    for arm in ("summary", "acm"):
+        assert rows[("ceiling", arm)]["pass@1"] == 1.0, arm
+        assert rows[("ceiling", arm)]["overflow"] == 0.0, arm
+    assert rows[("first_argument", "react")]["pass@1"] == 0.0  # excluded by construction
