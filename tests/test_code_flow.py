@@ -55,6 +55,49 @@ FILES = {
         def stamp(letter, where, mark):
             deliver(mark, where)
     """,
+    "post/edge.py": """
+        from post.sink import deliver
+
+
+        def by_keyword(a, b, c):
+            fan(a, sink=b, body=c)
+
+
+        def fan(x, body, sink):
+            deliver(body, sink)
+
+
+        def outer(one, two, three):
+            nest(one, two, three)
+
+
+        def nest(a, b, c):
+            def inner(b, a):
+                return deliver(b, a)
+
+            return inner
+
+
+        def shadow(p1, p2, p3):
+            from os.path import join as fan
+
+            fan(p1, p2, p3)
+
+
+        def long_caller(cfg, item, extra):
+            relay(cfg.a, extra, item.v)
+
+
+        def relay(u, w, z):
+            k2(z, u)
+
+
+        def k2(
+            first,  # the one asked about
+            second,
+        ):
+            return first
+    """,
     "post/sink.py": """
         def deliver(body, sink):
             return sink(body)
@@ -80,8 +123,24 @@ def test_arg_flow_questions_are_the_unguessable_ones(root):
     # argument at its own position; twice calls route twice (ambiguous); Clerk.file -> _sort ->
     # _drop: item is text, the
     # second argument, but the argument at item's position (first) is box.tray: kept
-    assert got == [("Clerk.file", "note.text"), ("send", "letter.body")], got
-    assert env.report["arg_flow"]["candidates"] == 2
+    assert got == [
+        ("Clerk.file", "note.text"),
+        ("long_caller", "item.v"),
+        ("send", "letter.body"),
+    ], got
+    assert env.report["arg_flow"]["candidates"] == 3
+    # not asked: fan passes on its parameters named like deliver's (body=c would name the
+    # answer), nest's call is in a nested function, shadow's fan is a local import
+    long = next(t for t in env.tasks("train") if t.answer == "item.v")
+    assert [e.text for e in env.answer_evidence(long)] == [
+        "relay(cfg.a, extra, item.v)",
+        "def relay(u, w, z):",
+        "k2(z, u)",
+        "def k2(",
+        "first,  # the one asked about",
+        "second,",
+        "):",
+    ]
     assert set(tasks) == {"arg_flow"}
     send = next(t for t in env.tasks("train") if t.answer == "letter.body")
     assert "`deliver`" in send.prompt and "parameter `body`" in send.prompt
@@ -104,6 +163,7 @@ def test_the_oracle_plan_reads_three_windows_and_answers(root):
         assert ev.text in shown
     assert [e.text for e in env.answer_evidence(task)] == [
         "route(handle, letter.address, letter.body)",
+        "def route(target, address, payload):",  # which of f's arguments binds to payload
         "deliver(payload, target)",
         "def deliver(body, sink):",
     ]
@@ -146,7 +206,7 @@ def _padded(text: str, n: int) -> str:
     out = []
     for line in textwrap.dedent(text).lstrip().splitlines():
         out.append(line)
-        if line.lstrip().startswith("def "):
+        if line.lstrip().startswith("def ") and line.rstrip().endswith(":"):
             pad = " " * (len(line) - len(line.lstrip()) + 4)
             out += [f'{pad}"""Notes.'] + [f"{pad}Line {i} of the notes." for i in range(n)]
             out.append(f'{pad}"""')
@@ -173,10 +233,23 @@ def test_audit_of_the_chain_preset(tmp_path, default_model_dir):
     cfg.trivial = ["first_argument", "random_argument"]
     report = run_audit(cfg)
     rows = {(r["strategy"], r["arm"]): r for r in report["strategies"]}
-    assert report["tasks"] == 2
+    assert report["tasks"] == 3
     assert rows[("ceiling", "react")]["pass@1"] == 0.0
     assert rows[("ceiling", "react")]["overflow"] == 1.0
     for arm in ("summary", "acm"):
         assert rows[("ceiling", arm)]["pass@1"] == 1.0, arm
         assert rows[("ceiling", arm)]["overflow"] == 0.0, arm
     assert rows[("first_argument", "react")]["pass@1"] == 0.0  # excluded by construction
+
+
+def test_a_mixture_asks_its_members_for_notes_and_reads(root):
+    from acmrl.envs.mixture import Mixture
+
+    opts = {"root": str(root), "preset": "chain", "eval_frac": 0.0}
+    mix = Mixture([{"name": "code_nav", "options": opts}, {"name": "kb_search"}])
+    task = next(t for t in mix.tasks("train") if t.answer == "letter.body")
+    window = mix.session(task).call("read_file", {"path": "post/desk.py", "start": 5})
+    assert mix.notes_of(task, window) == [
+        "post/desk.py:9: route(handle, letter.address, letter.body)"
+    ]
+    assert mix.read_tools == ("read_file", "open")

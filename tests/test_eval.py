@@ -343,6 +343,18 @@ def test_seeds_table_lists_every_run_and_pairs_the_arms(tmp_path, tokenizer):
     tasks = sum(x["arm"] == "acm" for x in rows[0])
     pooled = [line for line in text.splitlines() if line.startswith("| react | acm | all 2 runs |")]
     assert len(pooled) == 1 and f"| {(won['acm'] - won['react']) / (2 * tasks):+.3f} |" in pooled[0]
+    # the pooled McNemar counts are the runs' counts added up (each run paired with itself)
+    per_run = [
+        line.split(" | ")[5]
+        for line in text.splitlines()
+        if line.startswith("| react | acm | ") and "all 2 runs" not in line
+    ]
+    alone = [tuple(int(x) for x in c.split(" / ")) for c in per_run]
+    total = (sum(b for b, _ in alone), sum(a for _, a in alone))
+    assert pooled[0].split(" | ")[5] == f"{total[0]} / {total[1]}"
+    # a run folder with "=" in its path is a folder, not a column
+    (tmp_path / "seed=0").symlink_to(runs[0])
+    assert f"| {tmp_path / 'seed=0'} | acm |" in seeds_table([tmp_path / "seed=0"])
     # one model per arm: columns named per arm, paired run by run (seed by seed)
     cols = [f"acm={runs[0]},{runs[1]}", f"react:other={runs[1]},{runs[0]}"]
     composed = seeds_table(cols)

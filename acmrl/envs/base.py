@@ -188,6 +188,10 @@ class Environment:
         terms = [str(t).strip() for t in [*read, *answers]]
         return list(dict.fromkeys(t for t in terms if len(t) >= 2 and re.search(r"\w", t)))
 
+    # the calls that read a document whose facts a teacher's summary keeps: a demonstration
+    # may compact right after one (teacher.pressure)
+    read_tools: tuple[str, ...] = ("open",)
+
     def notes_of(self, task: Task, result: str) -> list[str] | None:
         """The lines of one tool result that a teacher's summary keeps verbatim for ``task``
         (what the question is known to need once that result is read); None leaves it to the

@@ -10,7 +10,8 @@ A question is kept only where each of the three reads is needed and no shortcut 
 answer: ``h`` passes at least two of its own parameters to ``k`` by position (so ``k``'s
 signature decides), the answer is not the argument at ``q``'s position in ``f``'s call, not
 named like ``q`` or ``h``'s parameter, not ``f``'s first argument, and not a constant (a value
-such as ``None`` or ``''`` is a guess's favourite). ``f`` calls ``h`` once and ``h`` calls ``k``
+such as ``None`` or ``''`` is a guess's favourite), and ``h``'s parameter is not itself named
+``q`` (then whatever binds to ``q`` in ``h`` is the answer, ``k`` unread). ``f`` calls ``h`` once and ``h`` calls ``k``
 once, ``h``'s parameter is not reassigned before it is passed on, and ``h`` and ``k`` take no
 ``*args``, ``**kwargs``, positional-only parameters or decorators, so the binding is the
 call's own. Calls resolve statically: a module's function (imported ones followed through
@@ -47,12 +48,29 @@ class Fn:
 
 
 def _inside(fn: ast.AST) -> Iterator[ast.AST]:
-    """The nodes of ``fn``'s body, not entering nested functions, classes or lambdas."""
+    """The nodes of ``fn``'s body; a nested function, class or lambda is yielded but not
+    entered (its calls and names are another scope's)."""
     stack = list(getattr(fn, "body", []))
     while stack:
         node = stack.pop()
         yield node
-        stack.extend(c for c in ast.iter_child_nodes(node) if not isinstance(c, _SCOPES))
+        if not isinstance(node, _SCOPES):
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def _locals(fn: ast.FunctionDef) -> set[str]:
+    """The names bound in ``fn``'s own scope: every parameter, assignment, import, nested
+    ``def``/``class`` and ``except ... as`` (a call through one is not the module's function)."""
+    a = fn.args
+    names = {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if x}
+    for n in _inside(fn):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store | ast.Del):
+            names.add(n.id)
+        elif isinstance(n, ast.Import | ast.ImportFrom):
+            names |= {(x.asname or x.name).split(".")[0] for x in n.names}
+        elif (isinstance(n, ast.ExceptHandler) and n.name) or isinstance(n, _SCOPES[:3]):
+            names.add(n.name)
+    return names
 
 
 def _stored(fn: ast.FunctionDef) -> set[str]:
@@ -130,7 +148,8 @@ def _bind(call: ast.Call, fn: Fn) -> dict[str, tuple[ast.expr, int | None]] | No
 @dataclass(frozen=True)
 class Flow:
     """Where the three reads of an ``arg_flow`` question are: each definition's file and line,
-    and the lines the agent must see (the call in ``f``, the call in ``h``, ``k``'s ``def``)."""
+    and the lines the agent must see (the argument in ``f``'s call, ``h``'s signature, the
+    parameter in ``h``'s call, ``k``'s signature)."""
 
     f: tuple[str, str, int]  # (path, qualified name, def line)
     h: tuple[str, str, int]
@@ -139,6 +158,20 @@ class Flow:
     h_call: tuple[int, int]
     arguments: tuple[str, ...]  # f's call's arguments as written
     evidence: tuple[str, ...]  # the lines (stripped) that show the answer's chain
+    h_sig: tuple[int, int]  # first and last line of h's signature
+    k_sig: tuple[int, int]
+
+
+def _signature(fn: ast.FunctionDef, lines: list[str]) -> tuple[int, int]:
+    """The lines of ``fn``'s ``def`` (a signature may span several): up to the line where its
+    brackets close and the colon ends it, never into the body."""
+    depth = 0
+    for n in range(fn.lineno, fn.body[0].lineno):
+        code = lines[n - 1].split("#", 1)[0].rstrip()
+        depth += sum(code.count(c) for c in "([{") - sum(code.count(c) for c in ")]}")
+        if depth <= 0 and code.endswith(":"):
+            return fn.lineno, n
+    return fn.lineno, fn.lineno
 
 
 def _line(mod_lines: list[str], n: int) -> str:
@@ -154,7 +187,7 @@ def arg_flow(
     out: list[tuple[Question, Flow]] = []
     seen: set[str] = set()
     for f in fns:
-        local_f = _stored(f.node) | {a.arg for a in f.node.args.args}
+        local_f = _locals(f.node)
         calls = [(c, res.callee(f, c, local_f)) for c in _inside(f.node) if isinstance(c, ast.Call)]
         counts: dict[int, int] = {}
         for _, h in calls:
@@ -185,7 +218,7 @@ def _from_h(
 ) -> list[tuple[Question, Flow]]:
     stored = _stored(h.node)
     params = set(h.positional()) | {a.arg for a in h.node.args.kwonlyargs}
-    local_h = stored | params
+    local_h = _locals(h.node)
     inner = [(c, res.callee(h, c, local_h)) for c in _inside(h.node) if isinstance(c, ast.Call)]
     out = []
     for c2, k in inner:
@@ -209,13 +242,28 @@ def _from_h(
             arg, _ = bound[p]
             answer, q = ast.unparse(arg), kpos[j]
             same_pos = j < len(call.args) and ast.unparse(call.args[j]) == answer
-            if isinstance(arg, ast.Constant) or same_pos or answer in (q, p) or answer == texts[0]:
+            # p == q: h passes on its parameter named q (a keyword f writes as q=... too), so
+            # the answer is what binds to q in h without reading k
+            if (
+                p == q
+                or isinstance(arg, ast.Constant)
+                or same_pos
+                or answer in (q, p)
+                or answer == texts[0]
+            ):
                 continue
             key = f"arg_flow:{f.mod.name}:{f.qual}:{h.qual}:{k.qual}:{q}"
             if key in seen:
                 continue
             seen.add(key)
             fl, hl, kl = (sources[x.mod.rel] for x in (f, h, k))
+            h_sig, k_sig = _signature(h.node, hl), _signature(k.node, kl)
+            lines = [
+                _line(fl, arg.lineno),
+                *(_line(hl, n) for n in range(h_sig[0], h_sig[1] + 1)),
+                _line(hl, c2.args[j].lineno),
+                *(_line(kl, n) for n in range(k_sig[0], k_sig[1] + 1)),
+            ]
             flow = Flow(
                 (f.mod.rel, f.qual, f.node.lineno),
                 (h.mod.rel, h.qual, h.node.lineno),
@@ -223,7 +271,9 @@ def _from_h(
                 (call.lineno, call.end_lineno or call.lineno),
                 (c2.lineno, c2.end_lineno or c2.lineno),
                 tuple(texts),
-                (_line(fl, arg.lineno), _line(hl, c2.args[j].lineno), _line(kl, k.node.lineno)),
+                tuple(dict.fromkeys(x for x in lines if x)),
+                h_sig,
+                k_sig,
             )
             prompt = (
                 f"In `{f.mod.rel}`, `{f.qual}` calls `{h.qual}` (defined in `{h.mod.rel}`), "
@@ -232,5 +282,7 @@ def _from_h(
                 f"`{q}` of `{k.qual}`? Answer with the argument as `{f.qual}` writes it."
             )
             files = list(dict.fromkeys([f.mod.rel, h.mod.rel, k.mod.rel]))
-            out.append((Question("arg_flow", key, prompt, answer, answer, files, []), flow))
+            q_ = Question("arg_flow", key, prompt, answer, answer, files, [])
+            q_.group = f"arg_flow:{h.mod.name}:{h.qual}:{k.qual}"  # one split per h -> k
+            out.append((q_, flow))
     return out

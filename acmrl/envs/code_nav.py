@@ -235,6 +235,9 @@ class CodeNav(Environment):
         # the chain preset reads a fixed window from a line (a viewer, as an opened document),
         # finds definitions by name and has no grep: a grep line would show the call itself
         self.window = (max_read_lines or p["window"]) if p["window"] else None
+        # a window's needed lines are what the teacher's notes keep (notes_of): a summary may
+        # follow a read; the other templates' reads have no notes, so only an overflow compacts
+        self.read_tools = ("read_file",) if self.window else ()
         lines = max_read_lines or self.window or 200
         self.tree = CodeTree(root_path, tuple(exclude), lines, max_grep_hits)
         if check_imports is None:  # only the interpreter's own stdlib can be imported safely
@@ -266,7 +269,7 @@ class CodeNav(Environment):
         rng = random.Random(seed)
         self._questions: dict[str, Question] = {}
         for split, limit in (("train", n_train), ("eval", n_eval)):
-            chosen = [q for q in questions if _split_of(q.key, eval_frac) == split]
+            chosen = [q for q in questions if _split_of(q.group or q.key, eval_frac) == split]
             rng.shuffle(chosen)
             if limit is not None:
                 chosen = chosen[:limit]
@@ -378,7 +381,7 @@ class CodeNav(Environment):
         for (path, qual, line), last in (
             (flow.f, flow.f_call[1]),
             (flow.h, flow.h_call[1]),
-            (flow.k, flow.k[2]),
+            (flow.k, flow.k_sig[1]),
         ):
             plan.append(("find_def", {"name": qual, "path": path}))
             start = line
@@ -398,16 +401,19 @@ class CodeNav(Environment):
 
     def notes_of(self, task: Task, result: str) -> list[str] | None:
         """arg_flow: a window's lines that the question names as needed (the call to ``h`` in
-        ``f``, the call to ``k`` in ``h``, ``k``'s ``def``), as ``path:line: code``; the other
-        templates leave it to the teacher."""
+        ``f``, ``h``'s signature and its call to ``k``, ``k``'s signature), as ``path:line:
+        code``; the other templates leave it to the teacher."""
         flow = self._flows.get(self._questions[task.id].key)
         head = _WINDOW.match(result)
         if flow is None or head is None:
             return None
-        wanted = {(flow.f[0], n) for n in range(flow.f_call[0], flow.f_call[1] + 1)} | {
-            (flow.h[0], n) for n in range(flow.h_call[0], flow.h_call[1] + 1)
-        }
-        wanted.add((flow.k[0], flow.k[2]))
+        spans = [
+            (flow.f[0], flow.f_call),
+            (flow.h[0], flow.h_sig),
+            (flow.h[0], flow.h_call),
+            (flow.k[0], flow.k_sig),
+        ]
+        wanted = {(path, n) for path, (a, b) in spans for n in range(a, b + 1)}
         out = []
         for m in _NUMBERED.finditer(result):
             if (head.group(1), int(m.group(1))) in wanted:
@@ -415,8 +421,8 @@ class CodeNav(Environment):
         return out
 
     def answer_evidence(self, task: Task) -> list[Evidence]:
-        """arg_flow: the three lines that make the chain (the argument in ``f``'s call, the
-        parameter in ``h``'s call, ``k``'s signature); else the answer itself."""
+        """arg_flow: the lines that make the chain (the argument in ``f``'s call, ``h``'s
+        signature, the parameter in ``h``'s call, ``k``'s signature); else the answer."""
         flow = self._flows.get(self._questions[task.id].key)
         if flow is None:
             return super().answer_evidence(task)

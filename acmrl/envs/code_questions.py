@@ -42,6 +42,7 @@ class Question:
     answer_set: bool = False
     literal: str | None = None
     checked: str = "ast"
+    group: str | None = None  # questions of one group share a split (default: the key alone)
 
 
 @dataclass

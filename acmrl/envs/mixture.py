@@ -56,6 +56,7 @@ class Mixture(Environment):
         budgets = {m.max_context_tokens for m in self.members}
         self.max_context_tokens = min(b for b in budgets if b) if any(budgets) else None
         self.documents = [d for m in self.members for d in getattr(m, "documents", []) or []]
+        self.read_tools = tuple(dict.fromkeys(t for m in self.members for t in m.read_tools))
 
     def _of(self, task: Task) -> Environment:
         try:
@@ -77,6 +78,9 @@ class Mixture(Environment):
 
     def answer_evidence(self, task: Task) -> list[Evidence]:
         return self._of(task).answer_evidence(task)
+
+    def notes_of(self, task: Task, result: str) -> list[str] | None:
+        return self._of(task).notes_of(task, result)
 
     def score(self, task: Task, answer: str | None) -> float:
         return self._of(task).score(task, answer)

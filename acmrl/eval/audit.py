@@ -178,7 +178,8 @@ def audit_markdown(report: dict[str, Any]) -> str:
         f"{report['tasks']} tasks, budget {report['budget']} tokens, "
         f"on_overflow={report['on_overflow']}. A ceiling is the arm's best scripted policy "
         "(it answers only once its context shows the answer's evidence); the trivial "
-        "strategies play react and read no document.",
+        "strategies play react and read no document (code_nav's first_argument and "
+        "random_argument read the first definition).",
         "",
         "| strategy | arm | Pass@1 [95% CI] | peak tokens (mean / max) | overflow | tool calls "
         "| compactions | query_memory | Compaction Cost/ep |",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,12 @@ def _check_tasks(columns: list[Column]) -> None:
                 )
 
 
+def _is_column(arg: str) -> bool:
+    """``ARM=...`` or ``ARM:NAME=...`` (a run folder may hold a ``=`` in its path too)."""
+    label, sep, _ = arg.partition("=")
+    return bool(sep) and re.fullmatch(r"\w+(:[\w.-]+)?", label) is not None
+
+
 def parse_columns(args: list[str]) -> list[Column]:
     """``ARM[:NAME]=RUN,RUN,...`` per argument (see the module's docstring)."""
     loaded: dict[Path, _Run] = {}
@@ -106,7 +113,7 @@ def parse_columns(args: list[str]) -> list[Column]:
         if any(c.label == label for c in columns):
             raise ValueError(f"column {label!r} is given twice: name them ARM:NAME")
         runs = []
-        for f in folders.split(","):
+        for f in filter(None, folders.split(",")):
             path = Path(f)
             if path not in loaded:
                 loaded[path] = _load(path)
@@ -132,8 +139,8 @@ def seeds_table(folders: list[str | Path], output: str | Path | None = None) -> 
     ``folders`` are run folders (each run holds every arm) or ``ARM[:NAME]=RUN,...`` columns."""
     if len(folders) < 1:
         raise ValueError("acmrl eval seeds needs at least one result folder")
-    if any("=" in str(f) for f in folders):
-        if not all("=" in str(f) for f in folders):
+    if any(_is_column(str(f)) for f in folders):
+        if not all(_is_column(str(f)) for f in folders):
             raise ValueError("give either run folders or ARM=RUN,... columns, not both")
         columns = parse_columns([str(f) for f in folders])
         _check_alike(list({id(r): r for c in columns for r in c.runs}.values()))
@@ -227,9 +234,12 @@ def _table(columns: list[Column], output: str | Path | None) -> str:
     if pairs:
         lines += [
             "",
-            "Paired differences (b - a over the tasks both arms ran), per run and over all runs "
-            "(the interval resamples tasks, each task's successes averaged over the runs; the "
-            "pooled McNemar pairs every run's episodes):",
+            "Paired differences (b - a over the tasks both arms ran), per run (the i-th run of "
+            "each column: the same training seed) and over all runs (the interval resamples "
+            "tasks, each task's successes averaged over the runs and samples, so it shows task "
+            "sampling, not seed to seed variation: read that in the per-run rows; the pooled "
+            "McNemar pairs each run's episodes with the same seed's and counts them as "
+            "independent pairs):",
             "",
             "| a | b | run | Pass@1 b - a | paired 95% CI | b alone / a alone | exact McNemar p |",
             "|---|---|---|---|---|---|---|",
@@ -249,8 +259,9 @@ def _table(columns: list[Column], output: str | Path | None) -> str:
             )
             for key in set(a) & set(b):
                 pooled_a[f"{i}/{key}"], pooled_b[f"{i}/{key}"] = a[key], b[key]
-                by_task_a.setdefault(key, []).extend(a[key])
-                by_task_b.setdefault(key, []).extend(b[key])
+                task = key.rsplit("#", 1)[0]  # a task's samples and runs together
+                by_task_a.setdefault(task, []).extend(a[key])
+                by_task_b.setdefault(task, []).extend(b[key])
         if len(ca.runs) > 1:
             p, m = paired_bootstrap(by_task_a, by_task_b), mcnemar(pooled_a, pooled_b)
             lines.append(

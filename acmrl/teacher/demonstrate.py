@@ -57,7 +57,6 @@ from acmrl.teacher.oracle import (
     plan_line,
 )
 
-READS = ("open", "read_file")  # the environment calls that read a document or a file
 _SIGNAL = re.compile(r"\[context: (\d+) of \d+ tokens\]")
 _DOC = re.compile(r"^\[([^\]\s]+)\] ([^\n]+)\n\n(.*)", re.DOTALL)  # an opened document
 _RESULT = re.compile(r"^\[([^\]\s]+)\] ([^:\n]+):", re.MULTILINE)  # a search result line
@@ -133,7 +132,7 @@ class Demonstrator:
         # compact once the pressure is reached right after reading a document (its facts are
         # what a summary keeps), or whenever the next document would not fit (a late task: only
         # then, so it answers without compacting once nothing more is to be read)
-        just_read = bool(self.done) and self.done[-1][0] in READS and not self.late
+        just_read = bool(self.done) and self.done[-1][0] in self.env.read_tools and not self.late
         if (
             self.arm_def.compacts
             and not self.compacted
