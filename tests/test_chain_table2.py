@@ -38,6 +38,9 @@ def test_the_protocol_trains_and_tests_on_separate_worlds(tmp_path):
             ev = load_config(EvalConfig, cfgs / f"eval-{part}-s{seed}.yaml", [])
             assert ev.agent.on_overflow == "force_answer" and ev.env.split == "eval"
             assert not train & set(ev.env.options["seeds"]), part
+            # fresh test worlds: 2000 and 2001 were read by a protocol trial and the audit
+            want = {"test": [3000, 3001], "dev": [1000, 1001]}[part]
+            assert ev.env.options["seeds"] == want, part
             assert ev.model.name.endswith(f"sft-s{seed}/final")
     mix = load("mixture", **annotate.env.options)
     assert len({t.id.split("/")[2] for t in mix.tasks("train")}) == len(train) == 10
@@ -123,6 +126,9 @@ def test_a_started_protocol_refuses_other_settings_and_reads_older_files(tmp_pat
     check(old, {"steps": 100, "test_tasks": 8, **defaults, "round_tasks": 0, "round_steps": 10})
     with pytest.raises(SystemExit, match="round_tasks: 0 -> 3"):
         check(old, {"steps": 100, "test_tasks": 8, **defaults, "round_tasks": 3})
+    # its evals ran on the former test worlds: continuing it on the fresh ones is refused
+    with pytest.raises(SystemExit, match=r"test_worlds: \[2000, 2001\] -> \[3000, 3001\]"):
+        check(old, {"steps": 100, "test_tasks": 8, **defaults, "test_worlds": [3000, 3001]})
     dry = tmp_path / "dry"
     dry.mkdir()
     check(dry, now, write=False)
