@@ -178,11 +178,8 @@ def _line(mod_lines: list[str], n: int) -> str:
     return mod_lines[n - 1].strip()
 
 
-def arg_flow(
-    modules: dict[str, Module], sources: dict[str, list[str]]
-) -> list[tuple[Question, Flow]]:
-    """Every ``arg_flow`` question of the code base (``sources``: each module's lines by path)."""
-    fns = functions(modules)
+def arg_flow(modules: dict[str, Module], fns: list[Fn]) -> list[tuple[Question, Flow]]:
+    """Every ``arg_flow`` question of the code base (``fns``: its :func:`functions`)."""
     res = _Resolver(modules, fns)
     out: list[tuple[Question, Flow]] = []
     seen: set[str] = set()
@@ -202,7 +199,7 @@ def arg_flow(
             ]
             if bound is None or len(texts) < 2 or len(set(texts)) != len(texts):
                 continue
-            out += _from_h(res, f, call, h, bound, texts, sources, seen)
+            out += _from_h(res, f, call, h, bound, texts, seen)
     return out
 
 
@@ -213,7 +210,6 @@ def _from_h(
     h: Fn,
     bound: dict[str, tuple[ast.expr, int | None]],
     texts: list[str],
-    sources: dict[str, list[str]],
     seen: set[str],
 ) -> list[tuple[Question, Flow]]:
     stored = _stored(h.node)
@@ -256,7 +252,7 @@ def _from_h(
             if key in seen:
                 continue
             seen.add(key)
-            fl, hl, kl = (sources[x.mod.rel] for x in (f, h, k))
+            fl, hl, kl = (x.mod.lines for x in (f, h, k))
             h_sig, k_sig = _signature(h.node, hl), _signature(k.node, kl)
             lines = [
                 _line(fl, arg.lineno),

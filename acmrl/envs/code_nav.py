@@ -249,13 +249,10 @@ class CodeNav(Environment):
             root_path, files, classic, check_imports=check_imports, modules=modules
         )
         self._flows: dict[str, Flow] = {}
-        self._defs: list[Fn] = functions(modules) if self.window else []
+        fns = functions(modules) if self.window or "arg_flow" in templates else []
+        self._defs: list[Fn] = fns if self.window else []
         if "arg_flow" in templates:
-            sources = {
-                m.rel: (root_path / m.rel).read_text(encoding="utf-8").splitlines()
-                for m in modules.values()
-            }
-            flows = arg_flow(modules, sources)
+            flows = arg_flow(modules, fns)
             n = len(flows)
             self.report["arg_flow"] = {
                 "candidates": n,
@@ -366,12 +363,8 @@ class CodeNav(Environment):
     def oracle_plan(self, task: Task) -> Plan:
         q = self._questions[task.id]
         flow = self._flows.get(q.key)
-        if flow is not None:
-            return [*self._flow_plan(flow), ("answer", {"text": q.answer_text})]
-        return [
-            *self._questions[task.id].plan,
-            ("answer", {"text": self._questions[task.id].answer_text}),
-        ]
+        plan = self._flow_plan(flow) if flow is not None else q.plan
+        return [*plan, ("answer", {"text": q.answer_text})]
 
     def _flow_plan(self, flow: Flow) -> Plan:
         """Find each definition and read windows from its ``def`` until the line that matters

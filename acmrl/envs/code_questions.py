@@ -52,6 +52,7 @@ class Module:
     tree: ast.Module
     defs: dict[str, ast.AST] = field(default_factory=dict)
     classes: dict[str, ast.ClassDef] = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)  # the source, for quoting lines
 
 
 def _module_name(rel: Path) -> str | None:
@@ -73,10 +74,11 @@ def index_modules(root: Path, files: list[Path]) -> dict[str, Module]:
         if name is None:
             continue
         try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
+            text = path.read_text(encoding="utf-8")
+            tree = ast.parse(text)
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue  # not Python this interpreter can read; the tools still show it
-        mod = Module(name, rel.as_posix(), tree)
+        mod = Module(name, rel.as_posix(), tree, lines=text.splitlines())
         for node in tree.body:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 mod.defs[node.name] = node

@@ -147,13 +147,6 @@ def seeds_table(folders: list[str | Path], output: str | Path | None = None) -> 
     else:
         runs = [_load(Path(f)) for f in folders]
         _check_alike(runs)
-        for run in runs[1:]:  # an arm one run lacks is a task set that differs
-            for arm in set(runs[0].by_arm) | set(run.by_arm):
-                if set(runs[0].by_arm.get(arm, {})) != set(run.by_arm.get(arm, {})):
-                    raise ValueError(
-                        f"the runs were evaluated on different tasks: {arm} in {run.folder} "
-                        f"and {runs[0].folder}"
-                    )
         columns = [
             Column(arm, arm, runs) for arm in ARMS if any(arm in r.report["arms"] for r in runs)
         ]
