@@ -331,7 +331,7 @@ class GenerateConfig:
 
 @dataclasses.dataclass
 class AgentConfig:
-    """The agent loop and its context management (the arms of DESIGN.md)."""
+    """The agent loop and its context management (the arms of docs/design.md)."""
 
     max_turns: int = option(30, "policy turns before an episode ends 'max_turns'", min=1)
     max_context_tokens: int | None = option(

@@ -12,7 +12,7 @@ number (:class:`StageStopped`):
    model makes no valid tool call, so its own runs would teach nothing);
 4. ``sft``: fine-tuning on the demonstrations;
 5. ``eval-sft``: the SFT policy on the eval tasks (``acm``);
-6. ``round``: an on-policy teacher round (seed 000's method): the SFT student runs training
+6. ``round``: an on-policy teacher round (the ACM write-up's method): the SFT student runs training
    tasks in ``react`` and ``acm``, the oracle corrects its mistakes and injects compactions
    (switching ``react`` runs to ``acm`` at the edit), and the student resumes from each edit;
 7. ``sft-round``: fine-tuning from the SFT policy on the demonstrations and the round together;
@@ -114,8 +114,8 @@ SIZES = {
     # advantages (in scripts/grpo_timing.sh's run, step 4 already answered at once at 13 of 15
     # last reads, greedily)
     # to fit 2 h on the later machine: SFT on the top 15 layers (as default), a round of 16
-    # tasks per arm instead of 32 (the 32 of session 16 took a 0.839 SFT policy to 0.821,
-    # 18 min with its SFT), and the SFT stage's curve point on 16 of the 56 held-out tasks
+    # tasks per arm instead of 32 (the 32 of 2026-12-03, at 93b269e, took a 0.839 SFT policy
+    # to 0.821, 18 min with its SFT), and the SFT stage's curve point on 16 of the 56 held-out tasks
     # (the round's eval, GRPO's start, keeps all 56 for the paired comparison); with GRPO on
     # the top 15 layers too (~88 s less a step), about 116 min from that run's stage times
     "long": dataclasses.replace(
@@ -303,7 +303,7 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
         save_every=max(1, min(10, z.round_steps)),
         # a fresh LoRA on the merged SFT policy at a fifth of SFT's lr: at SFT's own 1e-3 the
         # round's 10 steps took a 16/16 policy to 12/16 and a 1/16 one to 4/16; at 2e-4 the
-        # same data kept 16/16 and took 1/16 to 12/16 (held out, docs/train.md, session 17)
+        # same data kept 16/16 and took 1/16 to 12/16 (held out, docs/train.md; 2026-12-03, c66eeee)
         optim=dataclasses.replace(sft.optim, max_steps=z.round_steps, lr=sft.optim.lr / 5),
     )
     round_model = str(out / "sft-round" / "final")
@@ -342,7 +342,7 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
     # GRPO's fresh LoRA on the same top layers as SFT's: the same step's update took 198 s
     # instead of 286 s, and 6 steps from the long recipe's round policy moved it as 4 steps on
     # all layers did (held out 0.821 and 0.804 from 0.857, Compaction Cost per success -16%
-    # and -17%; docs/train.md, session 19)
+    # and -17%; docs/train.md; 2026-12-03, 25a13c0)
     grpo.lora.top_layers = sft.lora.top_layers
     trained = str(out / "grpo" / "final")
     export = ExportConfig(

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/compaction_cost_parts.py --output-weight 1.0 FOLDER [FOLDER ...]
 
 Reads each folder's ``episodes.jsonl`` (what ``acmrl eval`` writes, an oracle-driven eval
-included) and splits the Compaction Cost of its successful episodes into the parts DESIGN.md
+included) and splits the Compaction Cost of its successful episodes into the parts docs/design.md
 "Costs" adds up, per compaction (query_memory lookups are counted in the totals, not as
 compactions):
 

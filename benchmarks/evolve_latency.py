@@ -6,7 +6,7 @@ One evolve = validate the input, serialise it, run the model's code in a fresh Q
 parse and validate the result, and optionally render with the SmolLM2 tokenizer to measure the
 reusable prefix and Cache Cost: either both States, or only the new one when the agent loop
 already holds the old input's ids. The three modes are printed side by side. The code is the web-search filter of
-seed 001 chapter 3 applied to the last of many search results.
+the Self-Evolving Agents write-up's chapter 3 applied to the last of many search results.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GRPO shapes when to compact (issue 14): on the default demo's demonstrations (35% of them
+# GRPO shapes when to compact: on the default demo's demonstrations (35% of them
 # answer right after the last read, 65% compact once more first), a 100-step SFT policy, then
 # 8 GRPO steps of 2 tasks x 4 samples at temperature 0.8 on success minus Compaction Cost;
 # both evaluated greedily on the demo's 16 held-out tasks, then `acmrl eval versus` (Pass@1,

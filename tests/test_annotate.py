@@ -109,7 +109,7 @@ def test_llm_teacher_records_a_failure_after_its_attempts(tiny):
 
 
 def test_llm_teacher_evolve_code_must_run(tiny):
-    """An LLM teacher's evolve edit is run in the sandbox on the student's State (issue 15):
+    """An LLM teacher's evolve edit is run in the sandbox on the student's State:
     code that fails there is sent back with the error, and the retry is accepted."""
     from acmrl.teacher.splice import state_before
 

@@ -153,7 +153,7 @@ FOUR = {
 
 
 def test_answer_sets_need_every_part(tmp_path):
-    """Issue 15, item 4: a four-part question with one right part is not a success."""
+    """A four-part question with one right part is not a success."""
     env = load("corpus_qa", **_fanout(tmp_path, [FOUR]))
     (task,) = env.tasks("train")
     assert task.answer == ["Mara Quell", "Tomas Brecht", "Ines Roan", "Piet Aldous"]

@@ -88,7 +88,7 @@ def test_grpo_under_a_two_process_launch(tmp_path, tiny_model_dir):
 
 @pytest.mark.slow
 def test_grpo_uneven_micro_batches_match_one_process(tmp_path, tiny_model_dir):
-    """Issue 16, item 1: ranks with different numbers of micro-batches (3 and 1) finish the
+    """Ranks with different numbers of micro-batches (3 and 1) finish the
     update (they hung in DDP's synchronised backward before), and the gradient equals one
     process's over the same four samples: the loss is the token mean over every rank's targets."""
     import torch

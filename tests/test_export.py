@@ -111,7 +111,7 @@ def _cfg(tmp_path, adapter, **kw):
 
 
 def test_export_in_bf16(tmp_path, adapter):
-    """Issue 16, item 6: the export's weights in the dtype asked for."""
+    """The export's weights in the dtype asked for."""
     from safetensors import safe_open
 
     out = run_export(_cfg(tmp_path, adapter, dtype="bfloat16"))

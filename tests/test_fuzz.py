@@ -1,4 +1,4 @@
-"""Fuzzed model output never crashes a run (issue 15, item 6).
+"""Fuzzed model output never crashes a run.
 
 Thousands of random and adversarial completions (broken JSON, unclosed and nested tags, huge
 arguments, unicode, calls to unknown tools, prose around calls, deep nesting, numbers past

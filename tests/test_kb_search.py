@@ -162,7 +162,7 @@ def test_pressure_is_real_on_small(small, tokenizer):
 
 @pytest.mark.slow
 def test_every_preset_builds_for_every_world_seed():
-    """A user sweeping seeds never hits a world too small for its splits (issue 15, item 2):
+    """A user sweeping seeds never hits a world too small for its splits:
     tiny, small and medium over seeds 0-49, large over a few."""
     sweep = {"tiny": range(50), "small": range(50), "medium": range(50), "large": range(3)}
     for preset, seeds in sweep.items():

@@ -1,4 +1,4 @@
-"""Dependencies point one way (DESIGN.md): context/ imports nothing else of acmrl; envs and
+"""Dependencies point one way (docs/design.md): context/ imports nothing else of acmrl; envs and
 engines know nothing of rollout, teacher or train; train never imports the teacher."""
 
 import ast

@@ -8,7 +8,7 @@ from acmrl.context.state import assistant, function_call, function_call_output, 
 @pytest.mark.parametrize(
     "before, after, prefix, cost",
     [
-        ([1, 2, 3], [1, 9, 3], 1, 2),  # seed 001 reference numbers
+        ([1, 2, 3], [1, 9, 3], 1, 2),  # the Self-Evolving Agents write-up's numbers
         ([1, 2, 3], [1, 2], 2, 0),
         ([1], [1, 2], 1, 1),
         ([], [5, 6], 0, 2),

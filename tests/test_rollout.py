@@ -251,8 +251,9 @@ def test_repeat_rule_answers_a_repeated_call_without_running_it(env, tiny):
 
 
 def test_repeat_rule_runs_a_call_again_once_its_result_was_compacted_away(env, tiny):
-    """Session 23: 39 of 42 repeat-rule refusals in a GRPO run came after a compaction, when the
-    result to 'use' was no longer in the context; none of those 29 episodes succeeded."""
+    """In a GRPO run of 2026-12-03 (240b3ef), 39 of 42 repeat-rule refusals came after a
+    compaction, when the result to 'use' was no longer in the context; none of those 29 episodes
+    succeeded."""
     task = env.tasks("eval")[0]
     plan = env.oracle_plan(task)
     first = plan[0]
@@ -321,8 +322,9 @@ def test_a_failing_key_terms_warns_and_the_episode_goes_on(env, tiny, monkeypatc
 
 
 def test_text_call_rule_turns_a_call_written_as_text_into_an_error(env, tiny):
-    """Session 22's GRPO failure: after a compaction the student copied its summary's plan,
-    'open({"doc_id": ...})', as plain text, which ended the episode with that as its answer."""
+    """A GRPO failure of 2026-12-03 (d748a20): after a compaction the student copied its summary's
+    plan, 'open({"doc_id": ...})', as plain text, which ended the episode with that as its
+    answer."""
     task = env.tasks("eval")[0]
     plan = env.oracle_plan(task)
     as_text = 'My summary says what I do next: open({"doc_id": "kb-00001"})'
@@ -343,7 +345,7 @@ def test_text_call_rule_turns_a_call_written_as_text_into_an_error(env, tiny):
 
 
 def test_force_answer_asks_for_an_answer_from_the_truncated_context(env, tiny):
-    """Issue 15, item 5: on_overflow=force_answer drops the oldest steps until the input fits
+    """on_overflow=force_answer drops the oldest steps until the input fits
     and asks once for the final answer; fail keeps the old behaviour."""
     task = env.tasks("eval")[0]
     plan = env.oracle_plan(task)

@@ -1,4 +1,4 @@
-"""Table 2 across benchmarks (issue 17): every arm, the oracle policy held fixed, on kb_search
+"""Table 2 across benchmarks: every arm, the oracle policy held fixed, on kb_search
 tiny, code_nav over this project's own code and corpus_qa in BrowseComp-Plus format; and the
 oracle's evolve demonstrations where ReAct overflows."""
 
@@ -88,7 +88,7 @@ def _oracle_eval(out: Path, name: str, options: dict, budget: int) -> dict:
 
 
 def test_table2_over_three_benchmarks_driven_by_the_oracle(tmp_path, default_model_dir):
-    """Must show (issue 17): one Table 2 with a row per (benchmark, arm) over kb_search tiny,
+    """One Table 2 with a row per (benchmark, arm) over kb_search tiny,
     code_nav on acmrl's own code and corpus_qa (BrowseComp-Plus preset, exact match in place
     of the judge) on a corpus made here, every arm played by the same oracle policy."""
     corpus = browsecomp_corpus(tmp_path / "bcp")
@@ -113,7 +113,7 @@ def test_table2_over_three_benchmarks_driven_by_the_oracle(tmp_path, default_mod
 
 
 def test_oracle_evolve_demonstrations_where_react_overflows(tmp_path, tokenizer):
-    """Must show (issue 17, item 5): the teacher's evolve demonstrations per environment under
+    """The teacher's evolve demonstrations per environment under
     a budget where ReAct's overflow; counts printed. corpus_qa's pages are bulky, so the cut
     (keep the sentences that name what the plan needs) saves more than evolve's system prompt
     and program cost; code_nav's reads are short, so at a budget where ReAct overflows the

@@ -267,7 +267,7 @@ def test_evolve_injection_keeps_the_facts(env, tiny):
 
 
 def test_leaks_are_caught_in_any_surface_form(env, tiny):
-    """Issue 15, item 3: hyphenated, re-punctuated, re-cased and partial forms of the answer."""
+    """Hyphenated, re-punctuated, re-cased and partial forms of the answer."""
     task = env.tasks("eval")[0]
     ep = run(env, task, "acm", [*calls(env.oracle_plan(task)[:2]), "I give up."], tiny)
     step = 2
@@ -372,7 +372,7 @@ def test_teacher_evolve_code_runs_in_the_sandbox_on_the_students_state(env, tiny
 
 
 def test_injected_compaction_switches_a_react_run_to_acm(env, tiny):
-    """Issue 14, item 2: the teacher injects manage_context into a run without context tools;
+    """The teacher injects manage_context into a run without context tools;
     the resumed episode is acm from the start (system prompt and tools rebuilt), the student's
     earlier turns replayed in it, and the compaction really runs."""
     from acmrl.arms import arm_tools

@@ -1,4 +1,4 @@
-"""Issue 13: what the student is taught is exactly what the method says. One test per item.
+"""What the student is taught is exactly what the method says. One test per item.
 
 The trajectories are hand-built or scripted, so every number can be followed: token weights in
 the samples, the learning-rate schedule, flat groups, the KL reference, helper sampling, the

@@ -1,4 +1,5 @@
-"""The teacher's ``evolve`` edits for any environment, from seed 001's patterns.
+"""The teacher's ``evolve`` edits for any environment, from the Self-Evolving Agents
+write-up's patterns (docs/design.md).
 
 Seed 001's examples edit the State in a few recurring ways; :func:`keep_facts_code` writes one
 program that does them, parameterised by the task and written for the State it edits (only the

@@ -1,4 +1,5 @@
-"""The per-episode archive behind ``manage_context`` and ``query_memory`` (seed 000).
+"""The per-episode archive behind ``manage_context`` and ``query_memory`` (the ACM
+write-up, docs/design.md).
 
 ``manage_context`` replaces raw State items with a summary and stores the raw items here under a
 fresh summary id; ``query_memory(summary_id, query)`` reads them back for the querier. The id

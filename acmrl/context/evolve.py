@@ -1,4 +1,5 @@
-"""The ``evolve`` tool: model-written JavaScript that transforms the agent's own State (seed 001).
+"""The ``evolve`` tool: model-written JavaScript that transforms the agent's own State (the
+Self-Evolving Agents write-up, docs/design.md).
 
 The model calls ``evolve`` with ``{"code": "<function body>"}``. The body runs as
 ``function (state) { ... }`` over a copy of the current State in QuickJS, which has no I/O
@@ -10,7 +11,7 @@ must end with the evolve call itself, unchanged. Otherwise the previous State st
 
 Either way a receipt (the call's ``function_call_output``) tells the model what happened. On
 success, when a :class:`~acmrl.context.render.Renderer` is given, it reports the measured figures
-of seed 001: tokens before and after, the reusable prefix, Cache Cost, the call's tokens and
+of docs/design.md: tokens before and after, the reusable prefix, Cache Cost, the call's tokens and
 Compaction Cost. "Before" is the previous model input plus the evolve call it generated, "after"
 is the new State through the same call; both are complete renders (system prompt and tools
 included) without the receipt, whose own tokens are new in either case.
@@ -253,7 +254,7 @@ EVOLVE_TOOL_SCHEMA: dict[str, Any] = {
 }
 
 # Appended to the system prompt of the evolve arm: the State types, so that the model can write
-# code against the structure behind what it sees (seed 001, chapter 4).
+# code against the structure behind what it sees (the Self-Evolving Agents write-up, chapter 4).
 STATE_PROMPT = """\
 The conversation after this system message is your working memory, which you manage yourself with
 the `evolve` tool. It may already contain your earlier edits. It corresponds to this structure:

@@ -1,4 +1,4 @@
-"""Prefix-cache arithmetic (seed 001, "Accounting for compaction cost").
+"""Prefix-cache arithmetic (docs/design.md, "Costs").
 
 An exact-prefix cache reuses the computation of the longest identical initial run of token ids
 between the previous full model input (with its completion) and the new one. Both sides must be

@@ -148,7 +148,7 @@ class Renderer:
     """Renders States to the exact text and token ids a model sees.
 
     ``system_prompt`` and ``tools`` (OpenAI function schemas) are fixed per episode and sit
-    outside the editable State, as seed 001 prescribes.
+    outside the editable State, as the Self-Evolving Agents write-up prescribes.
     """
 
     tokenizer: Any

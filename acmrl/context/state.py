@@ -1,6 +1,6 @@
 """The State: the agent's editable working memory, as an ordered list of JSON items.
 
-Items follow the OpenAI Responses API input shape (seed 001, chapter 3):
+Items follow the OpenAI Responses API input shape (docs/design.md):
 
 - ``{"type": "message", "role": "user" | "assistant", "content": [{"type": "input_text" |
   "output_text", "text": ...}, ...]}`` (user parts are ``input_text``, assistant parts ``output_text``)

@@ -12,7 +12,7 @@ Definitions (per arm; an *episode* is one task x sample):
 - **Context tokens**: the complete rendered model input of each policy call (system prompt and
   tools included); *mean* averages every call of every episode, *peak* is each episode's largest
   input, averaged over episodes (and its maximum).
-- **Compaction Cost** (DESIGN.md): per episode, the sum over its compactions, refused edits and
+- **Compaction Cost** (docs/design.md): per episode, the sum over its compactions, refused edits and
   memory queries of call tokens x output weight + helper tokens + Cache Cost (measured on the
   next input actually sent; docs/rollout.md); also in units of the budget. **Failed edits**:
   context edits that were refused (charged all the same), per episode.
@@ -357,7 +357,8 @@ def build_report(rows: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, 
 
 
 def reading_notes(report: dict[str, Any]) -> list[str]:
-    """Plain sentences that keep a reader from the misreadings of seed 000's Table 2."""
+    """Plain sentences that keep a reader from the misreadings that the ACM write-up's audit of
+    its paper's Table 2 found (docs/design.md)."""
     notes = []
     arms, diffs = report["arms"], report["vs_react"]
     base = arms.get("react")

@@ -6,7 +6,7 @@ reward weights, applied to the held-out episodes), each with a paired bootstrap 
 the tasks both evaluated; the Compaction Cost per successful episode with its relative change;
 the mean compaction point (context before / budget) of both; and, where the episodes recorded
 it, the share of needed facts their summaries kept. A last line says whether the
-run met the bar of seed 000's claim as issue 14 states it: reward up, Compaction Cost per
+run met the bar that a claim of learned compaction must meet: reward up, Compaction Cost per
 success down by at least ``cost_drop``, at equal or better Pass@1 (read as: no significant
 drop, i.e. the paired interval of trained - start reaches 0 or above).
 """

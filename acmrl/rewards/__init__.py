@@ -11,9 +11,9 @@ rollout), so it can be unit-tested by hand and logged separately; the weights li
 >>> round(combine(terms, RewardWeights()), 4)  # 1 - 0.1 * 300/2048 - 0.01 * 1 - 0.05 * 0
 0.9754
 
-Resource use (seed 001: "reward the model for both task performance and total resource use")
-is an optional term, off by default: the episode's uncached input tokens plus its generated
-tokens at the output weight, in units of the budget.
+Resource use (the Self-Evolving Agents write-up, docs/design.md: "reward the model for both task
+performance and total resource use") is an optional term, off by default: the episode's uncached
+input tokens plus its generated tokens at the output weight, in units of the budget.
 
 >>> round(resource_use(uncached_input=1500, generated=200, output_weight=4.0, budget=2048), 4)
 1.123
@@ -53,9 +53,9 @@ def task_success(score: float, threshold: float | None = None) -> float:
 
 
 def compaction_cost(events: Iterable[Mapping[str, Any]], budget: int) -> float:
-    """Sum of the episode's Compaction Costs (DESIGN.md: call tokens x output weight + Cache Cost,
-    helper tokens included), in units of the context budget. ``query_memory`` events count too:
-    the querier's tokens are a cost of managing context.
+    """Sum of the episode's Compaction Costs (docs/design.md: call tokens x output weight + Cache
+    Cost, helper tokens included), in units of the context budget. ``query_memory`` events count
+    too: the querier's tokens are a cost of managing context.
 
     >>> compaction_cost([{"compaction_cost": 512.0}, {"compaction_cost": 512.0}], budget=2048)
     0.5

@@ -18,7 +18,7 @@ offers them the public helpers below (``ask``, ``record``, ``event``, ``summaris
 The loop never talks to an engine: ``next_request()`` advances until a model call is needed and
 returns it, ``receive(completion)`` resumes. The worker batches the requests of many episodes.
 Every model call is recorded with its token ids, logprobs and the prefix the engine reused; every
-context event with the cost figures of DESIGN.md.
+context event with the cost figures of docs/design.md.
 """
 
 from __future__ import annotations
@@ -409,10 +409,9 @@ class Episode:
         return event
 
     def _settle(self, ids: list[int]) -> None:
-        """Charge the pending events on ``ids``, the next model input actually sent (seed 001):
-        Cache Cost = its tokens - the prefix it shares with the previous input + completion,
-        receipts, other tool outputs, notes and the generation header included.
-
+        """Charge the pending events on ``ids``, the next model input actually sent
+        (docs/design.md): Cache Cost = its tokens - the prefix it shares with the previous input +
+        completion, receipts, other tool outputs, notes and the generation header included.
         The edits of one completion (``manage_context``, ``evolve`` applied or refused, the
         summary monitor) share that one Cache Cost: the first carries it, the others 0. A
         ``query_memory`` breaks no prefix: when no edit came with it, it is charged only the

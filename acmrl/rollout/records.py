@@ -3,7 +3,7 @@
 A :class:`Trajectory` is one JSON line of a rollout file. It holds everything the teacher, the
 rewards and the trainer need: the exact token ids of each model call (prompt as the engine saw it,
 completion, logprobs, the prefix the engine reused), the parsed actions and observations, the
-context events with the cost figures of seed 001, the final answer and status, and metrics.
+context events with the cost figures of docs/design.md, the final answer and status, and metrics.
 Token origin is explicit: completion ids of ``policy`` calls are the policy's tokens, teacher
 edits are marked ``teacher``, everything else in a prompt came from the environment or harness.
 """
@@ -34,7 +34,7 @@ class ModelCall:
 
 @dataclass
 class ContextEvent:
-    """One compaction or memory operation, with the figures of DESIGN.md "Costs"."""
+    """One compaction or memory operation, with the figures of docs/design.md "Costs"."""
 
     kind: str  # manage_context | query_memory | summary | evolve
     tokens_before: int
@@ -186,7 +186,7 @@ def uncached_input_tokens(steps: list[Step]) -> int:
     """Input tokens an exact-prefix cache could not reuse, summed over every model call of an
     episode: each call's prompt minus the prefix it shares with the previous call of the same
     session (the policy's, the summariser's or the querier's) and that call's completion. The
-    model-independent bound of seed 001, whatever the engine reported."""
+    model-independent bound (docs/design.md), whatever the engine reported."""
     last: dict[str, list[int]] = {}
     total = 0
     for step in steps:

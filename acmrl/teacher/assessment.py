@@ -9,14 +9,14 @@ A teacher reads a trajectory against the reference answer and returns one :class
   search, an answer given before any evidence) and is replaced by a productive call;
 - ``no_action``: nothing to change.
 
-The rationale is written as the student's own thinking and must be grounded in what the student
-had seen before that step (seed 000, "dual constraints"). :func:`validate` rejects a rationale that
-leaks the reference answer in any surface form (case, punctuation and hyphens do not matter, and a
-run of two or more of a multi-word answer's words counts), cites material the student had not
-seen, mentions a teacher, reviewer, guidance or being told, is not the agent's own first-person
-thinking sentence by sentence, or is too short or too long; and an action the arm does not have,
-whose arguments do not fit its schema, or (``evolve``) whose code fails when it runs in the
-sandbox on the State the student had at that step.
+The rationale is written as the student's own thinking and must be grounded in what the student had
+seen before that step (the ACM write-up's "dual constraints", docs/design.md). :func:`validate`
+rejects a rationale that leaks the reference answer in any surface form (case, punctuation and
+hyphens do not matter, and a run of two or more of a multi-word answer's words counts), cites
+material the student had not seen, mentions a teacher, reviewer, guidance or being told, is not the
+agent's own first-person thinking sentence by sentence, or is too short or too long; and an action
+the arm does not have, whose arguments do not fit its schema, or (``evolve``) whose code fails when
+it runs in the sandbox on the State the student had at that step.
 """
 
 from __future__ import annotations

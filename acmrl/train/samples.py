@@ -1,4 +1,4 @@
-"""Per-turn training samples from a trajectory (the flat sample of DESIGN.md "Core data").
+"""Per-turn training samples from a trajectory (the training sample of docs/design.md).
 
 Both the teacher's dataset and the trainer build their samples here; it depends on the rollout
 records only.

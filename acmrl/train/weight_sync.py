@@ -1,4 +1,4 @@
-"""Full-weight sync into served vLLM engines after every GRPO step (issue 16, item 3).
+"""Full-weight sync into served vLLM engines after every GRPO step.
 
 GRPO with ``engine.kind=openai`` and LoRA hands the trained adapter to the servers through
 vLLM's runtime adapter API (:meth:`acmrl.engines.openai.OpenAIEngine.load_adapter`). Full
