@@ -519,7 +519,7 @@ class RolloutConfig:
     agent: AgentConfig = section(AgentConfig, "the agent loop and context management")
     env: EnvConfig = section(EnvConfig, "the tasks")
     engine: EngineConfig = section(EngineConfig, "the generation backend")
-    arms: list[str] = option(list(ARMS), "arms to run: react, summary, acm, evolve")
+    arms: list[str] = option(list(ARMS), f"arms to run: {', '.join(ARMS)}")
     samples: int = option(1, "episodes per task and arm", min=1)
     seed: int = option(0, "base seed of the episodes' sampling", min=0)
     concurrency: int = option(8, "episodes in flight at once (their calls are batched)", min=1)

@@ -130,10 +130,6 @@ class Archive:
     def __len__(self) -> int:
         return len(self._ids)
 
-    @property
-    def bytes_used(self) -> int:
-        return self._bytes
-
     # -- lifetime ---------------------------------------------------------------------------
 
     def close(self) -> None:

@@ -378,10 +378,6 @@ class ToolCall:
     span: tuple[int, int] = field(default=(0, 0), compare=False)
     tokens: int = field(default=0, compare=False)  # those tokens (set by the agent loop)
 
-    @property
-    def arguments_json(self) -> str:
-        return json.dumps(self.arguments, ensure_ascii=False)
-
 
 @dataclass
 class CallError:

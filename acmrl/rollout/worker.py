@@ -1,11 +1,13 @@
 """Workers: many episodes at once, their model calls batched, trajectories written as they end.
 
-``run_rollout(cfg)`` runs tasks x arms x samples. Up to ``concurrency`` episodes are in flight;
-each round collects the pending request of every episode, sends policy calls to the policy engine
-and summariser/querier calls to the helper engine (the student itself unless configured), in one
-batch each, and hands the completions back. A finished episode is appended to the JSONL output
-at once (one line, flushed and fsynced), so a killed run loses at most the episodes in flight; on
-restart the episodes already in the file are skipped, and a torn last line is cut off first.
+``run_episodes`` runs a list of episodes (``acmrl rollout``'s ``run_rollout`` in
+:mod:`acmrl.rollout.run` builds them from tasks x arms x samples). Up to ``concurrency`` episodes
+are in flight; each round collects the pending request of every episode, sends policy calls to the
+policy engine and summariser/querier calls to the helper engine (the student itself unless
+configured), in one batch each, and hands the completions back. A finished episode is appended to
+the JSONL output at once (one line, flushed and fsynced), so a killed run loses at most the
+episodes in flight; on restart the episodes already in the file are skipped, and a torn last line
+is cut off first.
 """
 
 from __future__ import annotations
