@@ -154,7 +154,8 @@ def rollout(config: ConfigOpt = None, overrides: Overrides = None) -> None:
     from acmrl.engines.base import EngineError
     from acmrl.envs import EnvError
     from acmrl.models import ModelError
-    from acmrl.rollout.run import print_summary, run_rollout
+    from acmrl.rollout.run import print_summary
+    from acmrl.rollout.worker import run_rollout
 
     try:
         rows = run_rollout(cfg)

@@ -857,6 +857,11 @@ class GRPOConfig:
                 "sampling.temperature: GRPO needs sampling (> 0); greedy rollouts of a group "
                 "are identical and carry no signal"
             )
+        if self.engine.kind == "oracle":
+            raise ConfigError(
+                "engine.kind=oracle is the expert plan as a policy, for acmrl eval only; GRPO "
+                "samples its own policy (hf, vllm or openai)"
+            )
         if self.engine.kind == "vllm" and not self.lora.enabled:
             raise ConfigError(
                 "engine.kind=vllm (colocated) syncs a LoRA adapter after every step; for full "
@@ -868,6 +873,11 @@ class GRPOConfig:
             raise ConfigError(
                 f"lora.r={self.lora.r} exceeds engine.max_lora_rank={self.engine.max_lora_rank}"
             )
+
+
+#: a training run's config: what build_model, start_run and the training loop read of it
+#: (``model``, ``lora``, ``optim``, ``output``, ``save_every``, ``log_with``, ``seed``)
+TrainConfig = SFTConfig | GRPOConfig
 
 
 @dataclasses.dataclass

@@ -53,6 +53,7 @@ from acmrl.config import (
     EvalConfig,
     ExportConfig,
     GRPOConfig,
+    ModelConfig,
     SamplingConfig,
     SFTConfig,
     to_dict,
@@ -61,8 +62,10 @@ from acmrl.config import (
 
 @dataclasses.dataclass(frozen=True)
 class Size:
-    preset: str
-    budget: int
+    """How big a demo is: its tasks, budget and the length of each training stage."""
+
+    preset: str  # the kb_search preset
+    budget: int  # the context budget, tokens of complete model input
     train_worlds: int  # kb_search worlds (seeds seed+1 ...) whose training splits are taught
     train_tasks: int
     eval_worlds: int  # held-out worlds: seed, seed+100, seed+101, ...
@@ -85,67 +88,62 @@ class Size:
     grpo_scale_advantages: bool = False
 
 
+# Why each size's numbers are what they are, with the runs that chose them: docs/train.md,
+# "The demo's settings, and the measurements behind them".
 SIZES = {
     # a pipeline check in about a minute (the tests run it on a tiny random model)
-    "smoke": Size("tiny", 1300, 1, 2, 1, 2, 3, 24, 2, 1, 1, 1, 2, 1),
-    "small": Size("tiny", 1300, 4, 64, 2, 8, 12, 96, 20, 8, 10, 2, 4, 1),
-    # GRPO at lr 2e-4 with std-scaled advantages, so that a group whose samples all succeed
-    # carries the cost difference of the two timings (scripts/grpo_timing.sh: from a 15/16
-    # policy, 8 steps of 2 tasks x 4 at these settings made answering at the last read the
-    # greedy choice, Compaction Cost per success -26%); here 2 steps of 1 task x 4 only, for
-    # time: 3 steps of 2 tasks took 14-15 min a step here sharing the CPU (docs/train.md)
-    # SFT 100 steps: 50 (a fifth of an epoch) gave 1, 5, 7, 12 and 15 of 16 held out with the
-    # batch order; 100 gave 15/16 and 16/16 (seeds 1 and 0, the late-share data) and 15/16
-    # twice before it, at +16 min here (docs/train.md)
-    # LoRA on the top 15 of the 30 layers: a step 13.3 s instead of ~20 s here, and the same
-    # demonstrations' 100 steps gave 15/16 held out (16/16 on all layers; docs/train.md)
-    "default": dataclasses.replace(
-        Size("tiny", 1300, 10, 160, 2, 16, 12, 96, 100, 16, 10, 2, 4, 1),
-        grpo_lr=2e-4,
+    "smoke": Size(
+        preset="tiny", budget=1300, train_worlds=1, train_tasks=2, eval_worlds=1, eval_tasks=2,
+        max_turns=3, max_new_tokens=24, sft_steps=2, round_tasks=1, round_steps=1,
+        grpo_steps=1, group_size=2, grpo_tasks=1,
+    ),
+    "small": Size(
+        preset="tiny", budget=1300, train_worlds=4, train_tasks=64, eval_worlds=2, eval_tasks=8,
+        max_turns=12, max_new_tokens=96, sft_steps=20, round_tasks=8, round_steps=10,
+        grpo_steps=2, group_size=4, grpo_tasks=1,
+    ),
+    "default": Size(
+        preset="tiny", budget=1300, train_worlds=10, train_tasks=160, eval_worlds=2,
+        eval_tasks=16, max_turns=12, max_new_tokens=96, sft_steps=100, round_tasks=16,
+        round_steps=10, grpo_steps=2, group_size=4, grpo_tasks=1, top_layers=15, grpo_lr=2e-4,
         grpo_scale_advantages=True,
-        top_layers=15,
     ),
     # the longer CPU recipe: more worlds and steps, >= 50 held-out tasks, unseen worlds
-    # sized to <= 2 h on a 2-core CPU from the default run's measured rates (12.3 s per SFT
-    # step, ~9 s per held-out acm episode, ~40 s per GRPO episode): about 1 h 50 min; on the
-    # later machine (17.7-20.6 s per SFT step) its run took 149 min of stages, and 124 min
-    # with the cuts below (README "Latest long run")
-    # four GRPO steps must move the policy for its cost to change: lr 2e-4 and std-scaled
-    # advantages (in scripts/grpo_timing.sh's run, step 4 already answered at once at 13 of 15
-    # last reads, greedily)
-    # to fit 2 h on the later machine: SFT on the top 15 layers (as default), a round of 16
-    # tasks per arm instead of 32 (the 32 of 2026-12-03, at 93b269e, took a 0.839 SFT policy
-    # to 0.821, 18 min with its SFT), and the SFT stage's curve point on 16 of the 56 held-out tasks
-    # (the round's eval, GRPO's start, keeps all 56 for the paired comparison); with GRPO on
-    # the top 15 layers too (~88 s less a step), about 116 min from that run's stage times
-    "long": dataclasses.replace(
-        Size("tiny", 1300, 30, 480, 7, 56, 12, 96, 150, 16, 30, 4, 4, 2),
-        unseen=True,
-        unseen_tasks=32,
-        sft_eval_tasks=16,
-        grpo_lr=2e-4,
+    "long": Size(
+        preset="tiny", budget=1300, train_worlds=30, train_tasks=480, eval_worlds=7,
+        eval_tasks=56, max_turns=12, max_new_tokens=96, sft_steps=150, round_tasks=16,
+        round_steps=30, grpo_steps=4, group_size=4, grpo_tasks=2, unseen=True,
+        unseen_tasks=32, sft_eval_tasks=16, top_layers=15, grpo_lr=2e-4,
         grpo_scale_advantages=True,
-        top_layers=15,
     ),
     # longer multi-hop tasks, for a GPU
-    "large": Size("small", 2048, 4, 800, 2, 40, 16, 128, 150, 64, 50, 20, 8, 4),
-}
-STAGES = [
-    "tasks",
-    "eval-base",
-    "annotate",
-    "sft",
-    "eval-sft",
-    "round",
-    "sft-round",
-    "eval-round",
-    "grpo",
-    "eval-trained",
-    "export",
-    "compare",
-    "grpo-vs-start",
-    "curves",
-]
+    "large": Size(
+        preset="small", budget=2048, train_worlds=4, train_tasks=800, eval_worlds=2,
+        eval_tasks=40, max_turns=16, max_new_tokens=128, sft_steps=150, round_tasks=64,
+        round_steps=50, grpo_steps=20, group_size=8, grpo_tasks=4,
+    ),
+}  # fmt: skip
+
+#: the stages in order, each with what its progress line says (from the size); ``Demo`` runs
+#: the method ``_<name>`` of each (dashes as underscores), and the eval of every unseen world
+#: after them when the size has some
+STAGE_PLAN: tuple[tuple[str, Any], ...] = (
+    ("tasks", lambda z: f"kb_search {z.preset}, budget {z.budget} tokens"),
+    ("eval-base", lambda z: "the base model"),
+    ("annotate", lambda z: "the oracle's demonstrations"),
+    ("sft", lambda z: f"{z.sft_steps} steps on the demonstrations"),
+    ("eval-sft", lambda z: "the SFT policy"),
+    ("round", lambda z: f"teacher round: the SFT student on {z.round_tasks} tasks, edits, resumes"),
+    ("sft-round", lambda z: f"{z.round_steps} steps on demonstrations + round"),
+    ("eval-round", lambda z: "the policy after the round"),
+    ("grpo", lambda z: f"{z.grpo_steps} GRPO steps"),
+    ("eval-trained", lambda z: "the trained policy"),
+    ("export", lambda z: "merged HF folder + card"),
+    ("compare", lambda z: "base vs trained"),
+    ("grpo-vs-start", lambda z: "GRPO's policy vs the one it started from"),
+    ("curves", lambda z: "held-out numbers per stage, GRPO per step"),
+)
+STAGES = [name for name, _ in STAGE_PLAN]
 # the share of demonstrations that compact as late as the budget allows (teacher.late_share)
 LATE_SHARE = 0.35
 # held-out tasks come from worlds never trained on: the demo's seed, then seed + EVAL_WORLD ...
@@ -188,197 +186,243 @@ def describe_machine() -> str:
     return f"CPU only ({cpu}, {os.cpu_count()} cores)"
 
 
-def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
-    """The configuration of every stage, derived from the demo's size."""
-    z = SIZES[cfg.size]
-    out = Path(cfg.output)
-    preset = {"preset": z.preset}
-    # many worlds to learn the skill, not one world's names; held-out worlds to test it
-    env = EnvConfig(
-        name="mixture",
-        options={"env": "kb_search", "seeds": eval_seeds(cfg.seed, z), "options": preset},
-    )
-    train_seeds = [cfg.seed + 1 + i for i in range(z.train_worlds)]
-    train_env = EnvConfig(
-        name="mixture",
-        options={"env": "kb_search", "seeds": train_seeds, "options": preset},
-        split="train",
-        limit=z.train_tasks,
-    )
-    # the context signal shows the agent its context size, so when to compact is learnable; the
-    # repeat rule (every arm alike) answers an identical call whose result is in view, and
-    # the text-call rule (every arm alike) answers a call written as text with an error
-    agent = AgentConfig(
-        max_turns=z.max_turns,
-        max_context_tokens=z.budget,
-        context_signal=True,
-        repeat_rule=True,
-        text_call_rule=True,
-    )
-    greedy = SamplingConfig(max_new_tokens=z.max_new_tokens, stop=["</tool_call>"])
-    model = cfg.model
-    mp = precision(cfg)
-    # rollouts that train nothing (evals, the teacher round's student) run in bf16 where training
-    # autocasts in it: the same 15 of 16 held-out episodes as float32, in 131 s instead of 240 s
-    # on this project's 2-core CPU (docs/train.md)
-    infer = dataclasses.replace(model, dtype="bfloat16") if mp == "bf16" else model
-    # 16 episodes decoded together: 16 x 40 tokens in 4.9 s instead of 7.7 s in batches of 8
-    wide = EngineConfig(max_batch=16)
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """What the stages of one demo share: its size, folders, tasks, agent and models. Each
+    stage's config is built by one function of it below; docs/train.md ("The demo's settings,
+    and the measurements behind them") says why each setting is what it is."""
 
-    def eval_cfg(
-        name: str,
-        model_name: str,
-        arms: tuple[str, ...] = ("react", "acm"),
-        env: Any = env,
-        split: str = "eval",
-        limit: int = 0,
-    ) -> EvalConfig:
-        e = EvalConfig(
-            model=dataclasses.replace(infer, name=model_name),
-            sampling=greedy,
-            agent=dataclasses.replace(agent, on_overflow="force_answer"),  # the fair rule
-            env=dataclasses.replace(env, split=split, limit=limit or z.eval_tasks),
-            arms=list(arms),
-            engine=wide,
-            concurrency=16,
-            output=str(out / name),
-            machine=cfg.machine or describe_machine(),
+    cfg: DemoConfig
+    z: Size
+    out: Path
+    env: EnvConfig  # the held-out worlds (eval split)
+    train_env: EnvConfig  # the training worlds' training split
+    agent: AgentConfig
+    greedy: SamplingConfig
+    model: ModelConfig  # the base model, as configured (training)
+    infer: ModelConfig  # the same for rollouts that train nothing: bf16 where training is
+    mp: str  # training autocast: "bf16" or "no"
+    wide: EngineConfig  # 16 episodes decoded together
+
+    @classmethod
+    def of(cls, cfg: DemoConfig) -> Recipe:
+        z = SIZES[cfg.size]
+        preset = {"preset": z.preset}
+        # many worlds to learn the skill, not one world's names; held-out worlds to test it
+        env = EnvConfig(
+            name="mixture",
+            options={"env": "kb_search", "seeds": eval_seeds(cfg.seed, z), "options": preset},
         )
-        return e
+        train_env = EnvConfig(
+            name="mixture",
+            options={
+                "env": "kb_search",
+                "seeds": [cfg.seed + 1 + i for i in range(z.train_worlds)],
+                "options": preset,
+            },
+            split="train",
+            limit=z.train_tasks,
+        )
+        # the context signal shows the agent its context size, so when to compact is
+        # learnable; the repeat rule answers an identical call whose result is in view, and the
+        # text-call rule a call written as text with an error (every arm alike)
+        agent = AgentConfig(
+            max_turns=z.max_turns,
+            max_context_tokens=z.budget,
+            context_signal=True,
+            repeat_rule=True,
+            text_call_rule=True,
+        )
+        mp = precision(cfg)
+        model = cfg.model
+        return cls(
+            cfg=cfg,
+            z=z,
+            out=Path(cfg.output),
+            env=env,
+            train_env=train_env,
+            agent=agent,
+            greedy=SamplingConfig(max_new_tokens=z.max_new_tokens, stop=["</tool_call>"]),
+            model=model,
+            infer=dataclasses.replace(model, dtype="bfloat16") if mp == "bf16" else model,
+            mp=mp,
+            wide=EngineConfig(max_batch=16),
+        )
 
+    def path(self, *parts: str) -> str:
+        return str(self.out.joinpath(*parts))
+
+    @property
+    def top_layers(self) -> int | None:
+        top = self.z.top_layers if self.cfg.top_layers is None else self.cfg.top_layers
+        return top or None
+
+
+def eval_config(
+    r: Recipe,
+    name: str,
+    model_name: str,
+    arms: tuple[str, ...] = ("react", "acm"),
+    env: EnvConfig | None = None,
+    split: str = "eval",
+    limit: int = 0,
+) -> EvalConfig:
+    """An eval stage: greedy, the fair overflow rule, the held-out worlds by default."""
+    env = env or r.env
+    return EvalConfig(
+        model=dataclasses.replace(r.infer, name=model_name),
+        sampling=r.greedy,
+        agent=dataclasses.replace(r.agent, on_overflow="force_answer"),  # the fair rule
+        env=dataclasses.replace(env, split=split, limit=limit or r.z.eval_tasks),
+        arms=list(arms),
+        engine=r.wide,
+        concurrency=16,
+        output=r.path(name),
+        machine=r.cfg.machine or describe_machine(),
+    )
+
+
+def annotate_config(r: Recipe) -> AnnotateConfig:
+    """The oracle's demonstrations on the training tasks, in react and acm."""
     annotate = AnnotateConfig(
-        model=model,
-        sampling=greedy,
+        model=r.model,
+        sampling=r.greedy,
         # a demonstration needs the turns of the whole plan, whatever the size's limit
-        agent=dataclasses.replace(agent, max_turns=max(agent.max_turns, 12)),
-        env=train_env,
+        agent=dataclasses.replace(r.agent, max_turns=max(r.agent.max_turns, 12)),
+        env=r.train_env,
         arms=["react", "acm"],
         resumes=1,
         # one resume per edit: the solve-count filter would drop exactly the edits that worked
         solve_filter=False,
         demonstrations=True,
         student_tasks=0,  # the base model makes no valid call: its runs would teach nothing
-        seed=cfg.seed,
-        output=str(out / "annotate"),
+        seed=r.cfg.seed,
+        output=r.path("annotate"),
     )
     annotate.teacher.pressure = 0.75
     annotate.teacher.pressure_spread = [0.5, 0.9]  # each task compacts at its own point
-    # a third of the tasks compact only when the next result would not fit: they answer at once
-    # after the last read, where the others compact first (a compaction of ~650 tokens that
-    # buys nothing): two timings in the SFT policy, for GRPO to choose the cheaper
+    # a share of the tasks compact only when the next result would not fit, so they answer at
+    # once after the last read: two timings in the SFT policy, for GRPO to choose the cheaper
     annotate.teacher.late_share = LATE_SHARE
-    annotate.teacher.answers = cfg.answers  # the round's teacher is a replace of this one
+    annotate.teacher.answers = r.cfg.answers  # the round's teacher is a replace of this one
+    return annotate
+
+
+def sft_config(r: Recipe) -> SFTConfig:
+    """LoRA SFT on the demonstrations."""
     sft = SFTConfig(
-        model=model,
-        dataset=str(out / "annotate"),
-        seed=cfg.seed,
-        output=str(out / "sft"),
+        model=r.model,
+        dataset=r.path("annotate"),
+        seed=r.cfg.seed,
+        output=r.path("sft"),
         # a demo stopped mid-SFT continues from here (~3 min of steps at most, 60 MB each)
-        save_every=max(1, min(10, z.sft_steps // 2)),
+        save_every=max(1, min(10, r.z.sft_steps // 2)),
         save_total_limit=2,
     )
-    sft.optim.lr, sft.optim.max_steps, sft.optim.warmup_steps = 1e-3, z.sft_steps, 2
-    sft.optim.batch_tokens, sft.optim.mixed_precision = 4096, mp
-    top = z.top_layers if cfg.top_layers is None else cfg.top_layers
-    sft.lora.top_layers = top or None  # the round's SFT (a replace of this one) shares it
-    sft_model = str(out / "sft" / "final")
-    # the teacher round: the SFT student on training tasks, the oracle's edits, its resumes
-    round_ = dataclasses.replace(
+    sft.optim.lr, sft.optim.max_steps, sft.optim.warmup_steps = 1e-3, r.z.sft_steps, 2
+    sft.optim.batch_tokens, sft.optim.mixed_precision = 4096, r.mp
+    sft.lora.top_layers = r.top_layers  # the round's SFT (a replace of this one) shares it
+    return sft
+
+
+def round_config(r: Recipe, annotate: AnnotateConfig) -> AnnotateConfig:
+    """The teacher round: the SFT student on training tasks, the oracle's edits, its resumes."""
+    return dataclasses.replace(
         annotate,
-        model=dataclasses.replace(infer, name=sft_model),
-        engine=wide,
+        model=dataclasses.replace(r.infer, name=r.path("sft", "final")),
+        engine=r.wide,
         concurrency=16,
-        env=dataclasses.replace(train_env, limit=z.round_tasks),
-        agent=agent,
+        env=dataclasses.replace(r.train_env, limit=r.z.round_tasks),
+        agent=r.agent,
         demonstrations=False,
         student_tasks=None,
         teacher=dataclasses.replace(annotate.teacher, pressure_spread=[]),
-        output=str(out / "round"),
+        output=r.path("round"),
     )
-    sft_round = dataclasses.replace(
+
+
+def sft_round_config(r: Recipe, sft: SFTConfig) -> SFTConfig:
+    """A fresh LoRA on the merged SFT policy, over the demonstrations and the round, at a
+    fifth of SFT's learning rate."""
+    return dataclasses.replace(
         sft,
-        model=dataclasses.replace(model, name=sft_model),
-        dataset=[str(out / "annotate"), str(out / "round")],
-        output=str(out / "sft-round"),
-        save_every=max(1, min(10, z.round_steps)),
-        # a fresh LoRA on the merged SFT policy at a fifth of SFT's lr: at SFT's own 1e-3 the
-        # round's 10 steps took a 16/16 policy to 12/16 and a 1/16 one to 4/16; at 2e-4 the
-        # same data kept 16/16 and took 1/16 to 12/16 (held out, docs/train.md; 2026-12-03, c66eeee)
-        optim=dataclasses.replace(sft.optim, max_steps=z.round_steps, lr=sft.optim.lr / 5),
+        model=dataclasses.replace(r.model, name=r.path("sft", "final")),
+        dataset=[r.path("annotate"), r.path("round")],
+        output=r.path("sft-round"),
+        save_every=max(1, min(10, r.z.round_steps)),
+        optim=dataclasses.replace(sft.optim, max_steps=r.z.round_steps, lr=sft.optim.lr / 5),
     )
-    round_model = str(out / "sft-round" / "final")
+
+
+def grpo_config(r: Recipe) -> GRPOConfig:
+    """GRPO from the round's policy, acm arm, on success minus Compaction Cost."""
+    z = r.z
     grpo = GRPOConfig(
-        model=dataclasses.replace(model, name=round_model),
-        agent=agent,
-        env=train_env,
+        model=dataclasses.replace(r.model, name=r.path("sft-round", "final")),
+        agent=r.agent,
+        env=r.train_env,
         arms=["acm"],
         group_size=z.group_size,
         tasks_per_step=z.grpo_tasks,
-        # no KL term (DAPO, Dr. GRPO; TRL's default): the reference forward costs a quarter of
-        # an update here, and a run of a few steps stays near its start anyway
-        kl_coef=0.0,
-        seed=cfg.seed,
-        output=str(out / "grpo"),
+        kl_coef=0.0,  # no KL term (DAPO, Dr. GRPO; TRL's default)
+        seed=r.cfg.seed,
+        output=r.path("grpo"),
         save_every=1,  # a GRPO step takes minutes here
         save_total_limit=2,
     )
     grpo.sampling.max_new_tokens = z.max_new_tokens
-    # 0.8: from a policy trained on both timings, its samples differ where it matters (the
-    # last read: answer or compact); at 1.0 the same 15/16 policy succeeded in 2 of 8 samples
-    # (vs 4 of 8 at 0.8), so its groups carried success noise; at 0.8, before the demonstrations
-    # had two timings, the samples were often identical (docs/train.md)
     grpo.sampling.temperature = 0.8
     grpo.optim.lr, grpo.optim.max_steps, grpo.optim.schedule = z.grpo_lr, z.grpo_steps, "constant"
     grpo.scale_advantages = z.grpo_scale_advantages
-    # std-scaled, a group that all failed would rank its failures by cost alone (in a real step
-    # a wrong answer given without the last compaction got the largest advantage): dropped
+    # std-scaled, a group that all failed would rank its failures by cost alone: dropped
     grpo.skip_failed_groups = z.grpo_scale_advantages
-    # GRPO's update holds the activations of a whole micro-batch: at 8192 tokens it peaked at
-    # 22.5 GB in float32 (a 2-core CPU without bf16, 24 GB: killed by the OOM killer) and fits
-    # in bf16; the loss is the token mean over the step's targets, so smaller micro-batches
-    # change the memory, not the update
-    grpo.optim.batch_tokens = 8192 if mp == "bf16" else 4096
-    grpo.optim.mixed_precision = mp
-    # GRPO's fresh LoRA on the same top layers as SFT's: the same step's update took 198 s
-    # instead of 286 s, and 6 steps from the long recipe's round policy moved it as 4 steps on
-    # all layers did (held out 0.821 and 0.804 from 0.857, Compaction Cost per success -16%
-    # and -17%; docs/train.md; 2026-12-03, 25a13c0)
-    grpo.lora.top_layers = sft.lora.top_layers
-    trained = str(out / "grpo" / "final")
-    export = ExportConfig(
-        model=dataclasses.replace(model, name=trained),
+    # the loss is the token mean over the step's targets: the micro-batch changes the memory,
+    # not the update (8,192 tokens do not fit 24 GB in float32)
+    grpo.optim.batch_tokens = 8192 if r.mp == "bf16" else 4096
+    grpo.optim.mixed_precision = r.mp
+    grpo.lora.top_layers = r.top_layers  # a fresh LoRA on the same top layers as SFT's
+    return grpo
+
+
+def export_config(r: Recipe) -> ExportConfig:
+    """The trained policy as one Hugging Face folder, its eval in the card."""
+    return ExportConfig(
+        model=dataclasses.replace(r.model, name=r.path("grpo", "final")),
         arm="acm",
-        env=env,
-        agent=agent,
-        eval_dir=str(out / "eval-trained"),
-        output=str(out / "export"),
+        env=r.env,
+        agent=r.agent,
+        eval_dir=r.path("eval-trained"),
+        output=r.path("export"),
     )
-    configs = {
-        "eval-base": eval_cfg("eval-base", model.name),
+
+
+def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
+    """The configuration of every stage, derived from the demo's size."""
+    r = Recipe.of(cfg)
+    z = r.z
+    annotate, sft = annotate_config(r), sft_config(r)
+    sft_model, round_model = r.path("sft", "final"), r.path("sft-round", "final")
+    configs: dict[str, Any] = {
+        "eval-base": eval_config(r, "eval-base", r.model.name),
         "annotate": annotate,
         "sft": sft,
-        "eval-sft": eval_cfg("eval-sft", sft_model, ("acm",), limit=z.sft_eval_tasks),
-        "round": round_,
-        "sft-round": sft_round,
-        "eval-round": eval_cfg("eval-round", round_model, ("acm",)),
-        "grpo": grpo,
-        "eval-trained": eval_cfg("eval-trained", trained),
-        "export": export,
+        "eval-sft": eval_config(r, "eval-sft", sft_model, ("acm",), limit=z.sft_eval_tasks),
+        "round": round_config(r, annotate),
+        "sft-round": sft_round_config(r, sft),
+        "eval-round": eval_config(r, "eval-round", round_model, ("acm",)),
+        "grpo": grpo_config(r),
+        "eval-trained": eval_config(r, "eval-trained", r.path("grpo", "final")),
+        "export": export_config(r),
     }
-    if z.unseen:
-        for world in UNSEEN_WORLDS:
-            unseen_env = dataclasses.replace(
-                env, options={**env.options, "seeds": [cfg.seed + world]}
-            )
-            # every task of a world never seen is held out: its training split too
-            configs[f"eval-unseen-{world}"] = eval_cfg(
-                f"eval-unseen-{world}",
-                str(out / "export"),
-                ("acm",),
-                unseen_env,
-                "train",
-                limit=z.unseen_tasks,
-            )
+    for world in UNSEEN_WORLDS if z.unseen else ():
+        unseen_env = dataclasses.replace(
+            r.env, options={**r.env.options, "seeds": [cfg.seed + world]}
+        )
+        # every task of a world never seen is held out: its training split too
+        name = f"eval-unseen-{world}"
+        configs[name] = eval_config(
+            r, name, r.path("export"), ("acm",), unseen_env, "train", limit=z.unseen_tasks
+        )
     return configs
 
 
@@ -433,12 +477,6 @@ class Demo:
         self.console.print(f"[green]{name} finished in {self.times[name]:.0f} s[/green]")
 
     def run(self) -> dict[str, Any]:
-        from acmrl.eval.run import compare, run_eval
-        from acmrl.teacher.annotate import run_annotate
-        from acmrl.train.export import run_export
-        from acmrl.train.grpo import run_grpo
-        from acmrl.train.sft import run_sft
-
         c = self.configs
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "configs").mkdir(exist_ok=True)
@@ -447,47 +485,13 @@ class Demo:
         (self.out / "configs" / "demo.yaml").write_text(_yaml(self.cfg))
         z = SIZES[self.cfg.size]
         steps = [
-            ("tasks", self._tasks, f"kb_search {z.preset}, budget {z.budget} tokens"),
-            ("eval-base", lambda: run_eval(c["eval-base"]), "the base model"),
-            ("annotate", lambda: run_annotate(c["annotate"]), "the oracle's demonstrations"),
-            (
-                "sft",
-                lambda: self._train("sft", run_sft, c["sft"]),
-                f"{z.sft_steps} steps on the demonstrations",
-            ),
-            ("eval-sft", lambda: run_eval(c["eval-sft"]), "the SFT policy"),
-            (
-                "round",
-                lambda: run_annotate(c["round"]),
-                f"teacher round: the SFT student on {z.round_tasks} tasks, edits, resumes",
-            ),
-            (
-                "sft-round",
-                lambda: self._train("sft-round", run_sft, c["sft-round"]),
-                f"{z.round_steps} steps on demonstrations + round",
-            ),
-            ("eval-round", lambda: run_eval(c["eval-round"]), "the policy after the round"),
-            (
-                "grpo",
-                lambda: self._train("grpo", run_grpo, c["grpo"]),
-                f"{z.grpo_steps} GRPO steps",
-            ),
-            ("eval-trained", lambda: run_eval(c["eval-trained"]), "the trained policy"),
-            ("export", lambda: run_export(c["export"]), "merged HF folder + card"),
-            (
-                "compare",
-                lambda: compare(
-                    self.out / "eval-base", self.out / "eval-trained", self.out / "compare.md"
-                ),
-                "base vs trained",
-            ),
-            ("grpo-vs-start", self._versus, "GRPO's policy vs the one it started from"),
-            ("curves", self._curves, "held-out numbers per stage, GRPO per step"),
+            (name, getattr(self, "_" + name.replace("-", "_")), what(z))
+            for name, what in STAGE_PLAN
         ]
         for world in UNSEEN_WORLDS if z.unseen else ():
             name = f"eval-unseen-{world}"
             steps.append(
-                (name, lambda n=name: run_eval(c[n]), f"the export on unseen world {world}")
+                (name, lambda n=name: self._eval(n), f"the export on unseen world {world}")
             )
         self.n_stages = len(steps)
         names = [name for name, _, _ in steps]
@@ -501,6 +505,62 @@ class Demo:
                 return {"stopped_after": name, "seconds": dict(self.times)}
         return self.summary()
 
+    # -- the stages, one method each (STAGE_PLAN's order) -------------------------------------
+
+    def _eval(self, name: str) -> None:
+        from acmrl.eval.run import run_eval
+
+        run_eval(self.configs[name])
+
+    def _annotate_stage(self, name: str) -> None:
+        from acmrl.teacher.annotate import run_annotate
+
+        run_annotate(self.configs[name])
+
+    def _sft_stage(self, name: str) -> None:
+        from acmrl.train.sft import run_sft
+
+        self._train(name, run_sft, self.configs[name])
+
+    def _eval_base(self) -> None:
+        self._eval("eval-base")
+
+    def _annotate(self) -> None:
+        self._annotate_stage("annotate")
+
+    def _sft(self) -> None:
+        self._sft_stage("sft")
+
+    def _eval_sft(self) -> None:
+        self._eval("eval-sft")
+
+    def _round(self) -> None:
+        self._annotate_stage("round")
+
+    def _sft_round(self) -> None:
+        self._sft_stage("sft-round")
+
+    def _eval_round(self) -> None:
+        self._eval("eval-round")
+
+    def _grpo(self) -> None:
+        from acmrl.train.grpo import run_grpo
+
+        self._train("grpo", run_grpo, self.configs["grpo"])
+
+    def _eval_trained(self) -> None:
+        self._eval("eval-trained")
+
+    def _export(self) -> None:
+        from acmrl.train.export import run_export
+
+        run_export(self.configs["export"])
+
+    def _compare(self) -> None:
+        from acmrl.eval.run import compare
+
+        compare(self.out / "eval-base", self.out / "eval-trained", self.out / "compare.md")
+
     def _train(self, name: str, run: Any, cfg: Any) -> None:
         """A training stage, continued from its newest checkpoint when an earlier run of the demo
         stopped inside it; a run stopped by a signal raises :class:`StageStopped`."""
@@ -513,7 +573,7 @@ class Demo:
         if result.get("interrupted") is not None:
             raise StageStopped(name, result["interrupted"], result["exit_code"])
 
-    def _versus(self) -> None:
+    def _grpo_vs_start(self) -> None:
         from acmrl.eval.versus import versus_start
         from acmrl.train.grpo_steps import reward_weights
 

@@ -226,8 +226,10 @@ def adapter_base(path: str | Path) -> str | None:
     base = json.loads(cfg.read_text())["base_model_name_or_path"]
     record = path / ADAPTER_BASE_FILE
     if record.is_file() and not Path(base).exists():
-        moved = (path / json.loads(record.read_text()).get("relative", "")).resolve()
-        if moved.exists():
+        relative = json.loads(record.read_text()).get("relative")
+        # a base that was no local folder when saved (a hub id) has no relative record
+        moved = (path / relative).resolve() if relative else None
+        if moved is not None and moved.exists():
             return str(moved)
     return base
 

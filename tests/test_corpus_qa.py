@@ -266,11 +266,12 @@ def test_the_judge_metric_scores_through_env_judge(tiny_model_dir, monkeypatch):
     from acmrl.config import EnvConfig
     from acmrl.envs.scoring import JudgeError
     from acmrl.rollout import judge as judge_mod
+    from acmrl.rollout.environment import build_environment
 
     opts = {**{k: str(v) for k, v in GEN.items()}, "metric": "judge"}
     cfg = EnvConfig(name="corpus_qa", options=opts)
     cfg.judge.model = str(tiny_model_dir)
-    env = judge_mod.load_env(cfg)
+    env = build_environment(cfg)
     task = all_tasks(env)[0]
     with pytest.raises(JudgeError, match="holds no verdict"):
         env.score(task, "Paris")
@@ -289,7 +290,7 @@ def test_the_judge_metric_scores_through_env_judge(tiny_model_dir, monkeypatch):
         return real(decide, **kw)
 
     monkeypatch.setattr(judge_mod, "llm_judge", recording)
-    env = judge_mod.load_env(cfg)
+    env = build_environment(cfg)
     ref = task.answer if isinstance(task.answer, str) else task.answer[0]
     assert env.score(task, f"It is {ref}.") == 1.0 and env.score(task, "no idea") == 0.0
     assert len(prompts) == 2 and task.metadata["question"] in prompts[0]

@@ -128,8 +128,7 @@ def test_the_server_speaks_the_openai_protocol(servers):
 
 def test_a_rollout_through_the_servers(servers, tiny_model_dir, tmp_path):
     from acmrl.config import RolloutConfig
-    from acmrl.rollout.run import run_rollout
-    from acmrl.rollout.worker import read_trajectories
+    from acmrl.rollout.worker import read_trajectories, run_rollout
 
     urls, _ = servers
     cfg = RolloutConfig(arms=["react", "acm"], output=str(tmp_path / "t.jsonl"), tensorboard=False)

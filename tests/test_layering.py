@@ -61,3 +61,43 @@ def test_lower_layers_do_not_import_upper_ones():
     ):
         for name, mod in _acmrl_imports(package):
             assert not mod.startswith(banned), f"{package}/{name} imports {mod}"
+
+
+COMMANDS = ("acmrl.cli", "acmrl.demo", "acmrl.rollout.run")
+
+
+def test_only_the_cli_imports_a_command_module():
+    """A command module (the CLI, the demo recipe, ``acmrl rollout``'s table) is a leaf: what
+    other code needs lives in a library module (engine factories in ``engines.factory``,
+    ``make_episode`` beside ``Episode``, ``run_rollout`` in ``rollout.worker``)."""
+    files = sorted(ROOT.rglob("*.py"))
+    assert len(files) > 60
+    for f in files:
+        if f == ROOT / "cli.py":
+            continue
+        for mod in imported_modules(f) | _named_submodules(f):
+            assert mod not in COMMANDS, f"{f.relative_to(ROOT)} imports the command module {mod}"
+
+
+def _named_submodules(path: Path) -> set[str]:
+    """``from acmrl import demo`` names the module acmrl.demo."""
+    return {
+        f"{node.module}.{a.name}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+        for a in node.names
+    }
+
+
+def test_the_trainers_ask_engines_not_their_kind():
+    """An engine owns its lifecycle (sleep, wake up, a new policy: ``engines/base.py``), so a
+    new engine needs no change in ``train/``: no ``hasattr`` probe and no comparison with an
+    engine kind there."""
+    for f in sorted((ROOT / "train").glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                assert node.func.id != "hasattr", f"train/{f.name}:{node.lineno} probes hasattr"
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                kinds = [s for s in sides if isinstance(s, ast.Attribute) and s.attr == "kind"]
+                assert not kinds, f"train/{f.name}:{node.lineno} branches on an engine kind"

@@ -144,3 +144,27 @@ def test_configure_torch_keeps_freed_memory_on_cpu_unless_told_not_to(monkeypatc
     assert calls == [1]
     models.configure_torch(ModelConfig(device="cpu", keep_freed_memory=False))
     assert calls == [1]
+
+
+def test_adapter_base_follows_a_moved_run_and_keeps_a_hub_base(tmp_path):
+    """An adapter records its base; a run folder moved with its base finds it through the
+    relative record, and a base that was a hub id (no relative record) stays that id."""
+    base, adapter = tmp_path / "run" / "start-model", tmp_path / "run" / "sft" / "final"
+    base.mkdir(parents=True)
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text(
+        json.dumps({"base_model_name_or_path": "/elsewhere/start-model"})
+    )
+    record = adapter / models.ADAPTER_BASE_FILE
+    record.write_text(
+        json.dumps({"base_model": "/elsewhere/start-model", "relative": "../../start-model"})
+    )
+    assert models.adapter_base(adapter) == str(base.resolve())
+    (adapter / "adapter_config.json").write_text(
+        json.dumps({"base_model_name_or_path": "org/hub-model"})
+    )
+    record.write_text(
+        json.dumps({"base_model": "org/hub-model", "base_id": None, "relative": None})
+    )
+    assert models.adapter_base(adapter) == "org/hub-model"
+    assert models.adapter_base(tmp_path) is None  # not an adapter folder

@@ -20,8 +20,7 @@ from acmrl.engines.scripted import ScriptedEngine, replay
 from acmrl.envs import load
 from acmrl.rollout.agent import Episode
 from acmrl.rollout.records import STATUSES, Trajectory
-from acmrl.rollout.run import run_rollout
-from acmrl.rollout.worker import read_trajectories, run_episodes
+from acmrl.rollout.worker import read_trajectories, run_episodes, run_rollout
 
 
 @pytest.fixture(scope="module")

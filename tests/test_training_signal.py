@@ -263,14 +263,16 @@ def _acm_script(env, task, eid: str) -> dict[str, list[str]]:
 
 
 def test_trained_helper_calls_are_sampled(env, tokenizer):
-    from acmrl.rollout.run import make_episode
+    from acmrl.rollout.agent import make_episode
 
     task = env.tasks("train")[0]
     for train_helpers, want in ((True, 0.9), (False, 0.0)):
         cfg = GRPOConfig(train_helpers=train_helpers)
         cfg.sampling.temperature = 0.9
         cfg.agent.max_context_tokens = 4096
-        ep = make_episode(cfg, "e", env, task, "acm", 0, tokenizer)
+        ep = make_episode(
+            cfg, "e", env, task, "acm", 0, tokenizer, sample_helpers=cfg.train_helpers
+        )
         engine = Recording(tokenizer, replay(_acm_script(env, task, "e")))
         run_episodes([ep], engine)
         helper = [r for r in engine.requests if r.session_id.endswith("/summariser")]
@@ -466,7 +468,7 @@ def test_grpo_checkpoints_are_the_trained_policy(tmp_path, sft_adapter, tiny_mod
     from acmrl.config import EvalConfig, ModelConfig
     from acmrl.eval.run import run_eval
     from acmrl.models import ModelError, load_model
-    from acmrl.rollout.run import make_episode
+    from acmrl.rollout.agent import make_episode
     from acmrl.train.grpo import GRPOTrainer
 
     cfg = _grpo_cfg(tmp_path, sft_adapter, save_every=1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 
 class EngineError(RuntimeError):
@@ -41,9 +42,20 @@ class Completion:
 
 
 class Engine(ABC):
-    """Generates completions for batches of requests."""
+    """Generates completions for batches of requests.
+
+    Besides generation, an engine owns its lifecycle beside a trainer (GRPO), through optional
+    methods whose defaults suit an engine that samples the trainer's own parameters in-process:
+    :meth:`sleep` and :meth:`wake_up` around an update (free accelerator memory),
+    :meth:`policy_updated` after it (drop what the old policy computed), and, for an engine that
+    serves a copy of the policy (:attr:`loads_policy`), :meth:`load_adapter` to take the new one.
+    """
 
     name = "engine"
+    #: the engine serves its own copy of the policy, which a trainer must hand it after each
+    #: update (:meth:`load_adapter`, or a full-weight sync into its servers); False: it
+    #: samples the trainer's live parameters (or a copy the trainer refreshes)
+    loads_policy: ClassVar[bool] = False
 
     @abstractmethod
     def generate(self, requests: list[Request]) -> list[Completion]:
@@ -54,3 +66,16 @@ class Engine(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional
         """Free resources (models, connections, servers)."""
+
+    def sleep(self) -> None:  # noqa: B027 - optional
+        """Free accelerator memory while a trainer updates the policy (colocated engines)."""
+
+    def wake_up(self) -> None:  # noqa: B027 - optional
+        """Take the memory back after :meth:`sleep`."""
+
+    def policy_updated(self) -> None:  # noqa: B027 - optional
+        """The policy's parameters changed: nothing computed with the old ones may be reused."""
+
+    def load_adapter(self, path: str) -> None:
+        """Serve the LoRA adapter in ``path`` from now on (engines that :attr:`loads_policy`)."""
+        raise EngineError(f"the {self.name} engine does not load adapters")

@@ -120,6 +120,10 @@ class HFEngine(Engine):
     def close(self) -> None:
         self._sessions.clear()
 
+    def policy_updated(self) -> None:
+        """The KV caches hold the old policy's keys and values: none may be reused."""
+        self._sessions.clear()
+
     def cached_tokens(self, session_id: str) -> int:
         entry = self._sessions.get(session_id)
         return len(entry.ids) if entry else 0

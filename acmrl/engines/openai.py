@@ -39,6 +39,7 @@ class _Retryable(Exception):
 
 class OpenAIEngine(Engine):
     name = "openai"
+    loads_policy = True  # a trainer syncs its servers after each update
 
     def __init__(
         self,

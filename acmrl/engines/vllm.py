@@ -31,6 +31,7 @@ def _import_vllm() -> Any:
 
 class VLLMEngine(Engine):
     name = "vllm"
+    loads_policy = True  # a trainer hands it each update (load_adapter)
 
     def __init__(
         self,

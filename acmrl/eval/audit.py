@@ -94,9 +94,9 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     """Run the audit's episodes (those not already in the output) and write its report."""
     from acmrl.eval.run import _atomic_write
     from acmrl.models import load_tokenizer
-    from acmrl.rollout.judge import load_env
+    from acmrl.rollout.environment import build_environment
 
-    env = load_env(cfg.env)
+    env = build_environment(cfg.env)
     tokenizer = load_tokenizer(cfg.model.name)
     budget = context_budget(cfg.agent, env)
     tasks = env.tasks(cfg.env.split)[: cfg.env.limit]

@@ -20,8 +20,7 @@ from acmrl.config import EvalConfig, RolloutConfig
 from acmrl.engines.base import Engine
 from acmrl.eval.report import build_report, mcnemar, paired_bootstrap, rows_from
 from acmrl.rollout.prompts import DEFAULT_BUDGET
-from acmrl.rollout.run import run_rollout
-from acmrl.rollout.worker import read_trajectories
+from acmrl.rollout.worker import read_trajectories, run_rollout
 
 EPISODES = "episodes.jsonl"
 
@@ -62,10 +61,10 @@ def archive_tasks(cfg: EvalConfig, ids: set[str]) -> set[str] | None:
     which a summary written before cannot know to keep and ``query_memory`` can bring back
     (:class:`~acmrl.envs.base.Evidence` with a ``query``: kb_search chain's recall questions);
     None when the environment cannot be loaded here (the report then leaves these out)."""
-    from acmrl.rollout.judge import load_env
+    from acmrl.rollout.environment import build_environment
 
     try:
-        env = load_env(cfg.env)
+        env = build_environment(cfg.env)
         tasks = [t for split in env.splits for t in env.tasks(split) if t.id in ids]
         return {t.id for t in tasks if any(e.query for e in env.answer_evidence(t))}
     except Exception as exc:  # a report of finished episodes never fails for this
@@ -79,11 +78,11 @@ def _oracle(cfg: EvalConfig) -> Engine:
     """``engine.kind=oracle``: the expert plan as the policy of every arm (its tokenizer is
     ``model.name``'s, which renders the contexts and counts the budget)."""
     from acmrl.models import load_tokenizer
-    from acmrl.rollout.judge import load_env
+    from acmrl.rollout.environment import build_environment
     from acmrl.rollout.prompts import context_budget
     from acmrl.teacher.demonstrate import oracle_engine
 
-    env = load_env(cfg.env)
+    env = build_environment(cfg.env)
     budget = context_budget(cfg.agent, env)
     return oracle_engine(env, load_tokenizer(cfg.model.name), budget)
 

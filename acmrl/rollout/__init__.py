@@ -2,4 +2,5 @@
 machine), the workers that run many episodes with their model calls batched
 (:mod:`acmrl.rollout.worker`), trajectory records (:mod:`acmrl.rollout.records`), the system
 prompts (:mod:`acmrl.rollout.prompts`), the judge and environment loading
-(:mod:`acmrl.rollout.judge`) and the ``acmrl rollout`` command (:mod:`acmrl.rollout.run`)."""
+(:mod:`acmrl.rollout.judge`), the environment a config names (:mod:`acmrl.rollout.environment`)
+and the ``acmrl rollout`` command's table (:mod:`acmrl.rollout.run`)."""

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import json
 import warnings
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from acmrl.arms import arm_tools, get_arm
 from acmrl.arms.memory import MOVED
-from acmrl.config import AgentConfig, SamplingConfig
+from acmrl.config import AgentConfig, ModelConfig, SamplingConfig
 from acmrl.context.archive import Archive
 from acmrl.context.prefix import compaction_cost, reusable_prefix
 from acmrl.context.render import Renderer, ToolCall, parse_completion, text_call
@@ -498,3 +499,41 @@ class _Pending:
     event: ContextEvent
     fixed: float
     own_tokens: int
+
+
+class EpisodeSettings(Protocol):
+    """What :func:`make_episode` reads of a config (rollout, eval, GRPO)."""
+
+    agent: AgentConfig
+    sampling: SamplingConfig
+    model: ModelConfig
+    seed: int
+
+
+def make_episode(
+    cfg: EpisodeSettings,
+    eid: str,
+    env: Environment,
+    task: Task,
+    arm: str,
+    sample: int,
+    tokenizer: Any,
+    *,
+    sample_helpers: bool = False,
+) -> Episode:
+    """An episode of ``cfg``; its sampling seed derives from the config's seed and the episode
+    id, so a rerun samples the same. ``sample_helpers``: the summariser and querier calls are
+    sampled too (GRPO's ``train_helpers``, which trains them)."""
+    return Episode(
+        eid,
+        env,
+        task,
+        arm,
+        tokenizer,
+        agent=cfg.agent,
+        sampling=cfg.sampling,
+        sample=sample,
+        seed=cfg.seed * 1_000_003 + zlib.crc32(eid.encode()),
+        model=cfg.model.name,
+        sample_helpers=sample_helpers,
+    )

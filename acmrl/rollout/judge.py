@@ -1,11 +1,11 @@
-"""The LLM judge of ``env.judge`` on any engine, and the environment built with it.
+"""The LLM judge of ``env.judge`` on any engine.
 
 The ``judge`` metric (the default of corpus_qa's ``browsecomp-plus`` preset, as BrowseComp-Plus
 and the ACM reference grade) asks a model whether an answer gives the reference's answer
 (:data:`acmrl.envs.scoring.JUDGE_PROMPT`, one greedy reply, parsed by
 :func:`acmrl.envs.scoring.parse_verdict`). The model runs with transformers in this process, or
-on OpenAI-compatible servers (``env.judge.base_urls``). Every command that builds an environment
-from a config goes through :func:`load_env`, so eval, rollout, annotate and GRPO score alike.
+on OpenAI-compatible servers (``env.judge.base_urls``). Every command builds its environment
+with the judge through :func:`acmrl.rollout.environment.build_environment`.
 """
 
 from __future__ import annotations
@@ -13,10 +13,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from acmrl.config import EnvConfig, JudgeConfig, ModelConfig
+from acmrl.config import JudgeConfig, ModelConfig
 from acmrl.engines.base import Engine, Request
-from acmrl.envs import load
-from acmrl.envs.base import Environment
 from acmrl.envs.scoring import Judge, llm_judge
 
 
@@ -54,9 +52,3 @@ def make_judge(cfg: JudgeConfig) -> Judge | None:
         return out.text
 
     return llm_judge(complete)
-
-
-def load_env(cfg: EnvConfig) -> Environment:
-    """``cfg``'s environment, scoring with its judge when one is configured."""
-    judge = make_judge(cfg.judge)
-    return load(cfg.name, **cfg.options, **({"judge": judge} if judge else {}))

@@ -1,8 +1,8 @@
 """Workers: many episodes at once, their model calls batched, trajectories written as they end.
 
-``run_episodes`` runs a list of episodes (``acmrl rollout``'s ``run_rollout`` in
-:mod:`acmrl.rollout.run` builds them from tasks x arms x samples). Up to ``concurrency`` episodes
-are in flight; each round collects the pending request of every episode, sends policy calls to the
+``run_episodes`` runs a list of episodes, and ``run_rollout(cfg)`` (``acmrl rollout`` and the
+evals) builds them from tasks x arms x samples and writes them. Up to ``concurrency`` episodes are
+in flight; each round collects the pending request of every episode, sends policy calls to the
 policy engine and summariser/querier calls to the helper engine (the student itself unless
 configured), in one batch each, and hands the completions back. A finished episode is appended to
 the JSONL output at once (one line, flushed and fsynced), so a killed run loses at most the
@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from acmrl.config import ARMS
+from acmrl.config import ARMS, RolloutConfig, to_dict
 from acmrl.engines.base import Completion, Engine, EngineError, Request
-from acmrl.rollout.agent import Episode
+from acmrl.engines.factory import make_engine
+from acmrl.envs.base import Environment
+from acmrl.rollout.agent import Episode, make_episode
+from acmrl.rollout.environment import build_environment
 from acmrl.rollout.records import Trajectory
 
 
@@ -177,3 +181,86 @@ def summary_rows(trajectories: Iterable[Trajectory]) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def plan_episodes(
+    cfg: RolloutConfig, env: Environment, tokenizer: Any, skip: set[str]
+) -> Iterator[Episode]:
+    tasks = env.tasks(cfg.env.split)[: cfg.env.limit]
+    for task in tasks:
+        for arm in cfg.arms:
+            for sample in range(cfg.samples):
+                eid = episode_id(task.id, arm, sample)
+                if eid in skip:
+                    continue
+                yield make_episode(cfg, eid, env, task, arm, sample, tokenizer)
+
+
+def _tensorboard(cfg: RolloutConfig) -> Any:
+    if not cfg.tensorboard:
+        return None
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(str(Path(cfg.output).parent / "tensorboard"))
+
+
+def run_rollout(
+    cfg: RolloutConfig, engine: Engine | None = None, tokenizer: Any = None
+) -> list[dict[str, Any]]:
+    """Run the rollout ``cfg`` describes; returns the per-arm summary rows of the whole file."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+    from acmrl.progress import progress as progress_for
+
+    env = build_environment(cfg.env)
+    n_tasks = len(env.tasks(cfg.env.split)[: cfg.env.limit])
+    total = n_tasks * len(cfg.arms) * cfg.samples
+    writer = TrajectoryWriter(cfg.output)
+    if engine is None:
+        engine = make_engine(cfg)
+    tokenizer = tokenizer or engine.tokenizer  # type: ignore[attr-defined]
+    tb = _tensorboard(cfg)
+    counts: dict[str, int] = {}
+    columns = [
+        TextColumn("rollout"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[last]}"),
+    ]
+    try:
+        with progress_for("rollout", *columns) as progress:
+            bar = progress.add_task("episodes", total=total, completed=len(writer.done), last="")
+
+            def done(ep: Episode) -> None:
+                writer.write(ep.traj)
+                counts[ep.arm] = counts.get(ep.arm, 0) + 1
+                progress.update(
+                    bar, advance=1, last=f"{ep.arm}: {ep.traj.status} {ep.traj.score:.2f}"
+                )
+                if tb is not None:
+                    step = counts[ep.arm]
+                    tb.add_scalar(f"{ep.arm}/score", ep.traj.score, step)
+                    for key in (
+                        "peak_context_tokens",
+                        "tool_calls",
+                        "compactions",
+                        "compaction_cost",
+                    ):
+                        tb.add_scalar(f"{ep.arm}/{key}", ep.traj.metrics.get(key, 0), step)
+
+            episodes = list(plan_episodes(cfg, env, tokenizer, writer.done))
+            random.Random(cfg.seed).shuffle(episodes)  # mix arms so batches are not all one arm
+            run_episodes(episodes, engine, concurrency=cfg.concurrency, on_done=done)
+    finally:
+        writer.close()
+        if tb is not None:
+            tb.close()
+    (Path(cfg.output).parent / "config.yaml").write_text(_yaml(to_dict(cfg)))
+    return summary_rows(read_trajectories(cfg.output))
+
+
+def _yaml(data: dict[str, Any]) -> str:
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False)

@@ -19,11 +19,11 @@ from typing import Any
 from acmrl.arms import arm_tools
 from acmrl.config import AnnotateConfig
 from acmrl.engines.base import Engine
+from acmrl.engines.factory import make_engine
 from acmrl.envs import Environment, Task
 from acmrl.rollout.agent import Episode
-from acmrl.rollout.judge import load_env
+from acmrl.rollout.environment import build_environment
 from acmrl.rollout.records import Trajectory
-from acmrl.rollout.run import make_engine
 from acmrl.rollout.worker import JsonlLog, run_episodes
 from acmrl.teacher.assessment import Assessment, seen_text, validate
 from acmrl.teacher.dataset import build_dataset, read_records
@@ -227,7 +227,7 @@ def run_annotate(cfg: AnnotateConfig, engine: Engine | None = None) -> dict[str,
     from acmrl.progress import progress as progress_for
 
     i, n = (int(x) for x in cfg.shard.split("/"))
-    env = load_env(cfg.env)
+    env = build_environment(cfg.env)
     every = env.tasks(cfg.env.split)[: cfg.env.limit]
     tasks = every[i::n]
     student_ids = None
@@ -267,7 +267,7 @@ def run_annotate(cfg: AnnotateConfig, engine: Engine | None = None) -> dict[str,
 def merge_shards(cfg: AnnotateConfig, n: int) -> dict[str, Any]:
     """Build the dataset of an ``n``-shard run (a job array's merge step): every shard must have
     recorded all of its tasks, and no records of another sharding may lie beside them."""
-    env = load_env(cfg.env)
+    env = build_environment(cfg.env)
     every = env.tasks(cfg.env.split)[: cfg.env.limit]
     out = Path(cfg.output)
     paths = [out / f"records-{i}-of-{n}.jsonl" for i in range(n)]

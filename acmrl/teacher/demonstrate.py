@@ -1,11 +1,11 @@
 """Expert demonstrations: whole episodes in which the oracle teacher writes every policy turn.
 
-An untrained small student makes no valid tool call (FACTS.md), so one correction per run teaches
-it one call: the student falls back to plain text right after the edit. A demonstration gives
-the supervised warm start the rest of the pipeline needs: the agent loop, the environment and
-the context tools run for real, and every policy turn is the teacher's: a first-person rationale
-and the call, in the exact rendering the student reads. Each turn is chosen from what the agent
-has seen so far, as the oracle's corrections are:
+An untrained small student makes no valid tool call (the base model's eval, README), so one
+correction per run teaches it one call: the student falls back to plain text right after the edit.
+A demonstration gives the supervised warm start the rest of the pipeline needs: the agent loop, the
+environment and the context tools run for real, and every policy turn is the teacher's: a
+first-person rationale and the call, in the exact rendering the student reads. Each turn is chosen
+from what the agent has seen so far, as the oracle's corrections are:
 
 - with context tools (``acm``, ``evolve``), when the input reaches ``pressure`` x budget right
   after a document was read, or whenever the next document would not fit, and nothing was

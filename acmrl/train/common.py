@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from acmrl.config import TrainConfig
 from acmrl.context.prefix import reusable_prefix
 from acmrl.models import adapter_base
 
@@ -125,7 +126,7 @@ def save_policy(model: Any, folder: Path, state_dict: dict[str, Any] | None = No
     (Path(folder) / ADAPTER_BASE_FILE).write_text(json.dumps(record, indent=1))
 
 
-def build_model(cfg: Any, resume_from: Path | None) -> tuple[Any, Any, bool]:
+def build_model(cfg: TrainConfig, resume_from: Path | None) -> tuple[Any, Any, bool]:
     """The trainable model of ``cfg`` (``.model``, ``.lora``, ``.output``): fresh, or from a
     checkpoint. Returns (model, tokenizer, started_from_adapter).
 
@@ -233,7 +234,7 @@ def fill_batches(
     return batches
 
 
-def shares_prefix(cfg: Any, num_processes: int) -> bool:
+def shares_prefix(cfg: TrainConfig, num_processes: int) -> bool:
     """Whether a run reads each batch's common prefix once (``optim.share_prefix``): not with
     gradient checkpointing (which turns the model's cache off), and on one process only (DDP
     expects one forward per backward; a rank whose batch shares a prefix would take two while
@@ -241,7 +242,7 @@ def shares_prefix(cfg: Any, num_processes: int) -> bool:
     return cfg.optim.share_prefix and not cfg.optim.gradient_checkpointing and num_processes == 1
 
 
-def checkpointing(model: Any, cfg: Any) -> Any:
+def checkpointing(model: Any, cfg: TrainConfig) -> Any:
     """Gradient checkpointing when ``optim.gradient_checkpointing`` asks for it (non-reentrant:
     it needs no input that requires grad, so LoRA on frozen embeddings works)."""
     if cfg.optim.gradient_checkpointing:

@@ -23,13 +23,13 @@ from acmrl.arms import arm_tools, get_arm
 from acmrl.config import ExportConfig, to_dict
 from acmrl.context.render import Renderer
 from acmrl.rollout import prompts
-from acmrl.rollout.judge import load_env
+from acmrl.rollout.environment import build_environment
 from acmrl.train.common import adapter_base, load_start_model
 
 
 def agent_spec(cfg: ExportConfig) -> dict[str, Any]:
     """The system prompt, tools and budget an agent of ``cfg.arm`` sees on ``cfg.env``."""
-    env = load_env(cfg.env)
+    env = build_environment(cfg.env)
     task = env.tasks(cfg.env.split)[0]
     budget = prompts.context_budget(cfg.agent, env)
     return {

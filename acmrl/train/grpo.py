@@ -76,30 +76,28 @@ Deliberate departures from textbook GRPO (DeepSeekMath):
 from __future__ import annotations
 
 import copy
-import dataclasses
 import time
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
+from peft import PeftModel
 
-from acmrl.config import GRPOConfig, to_dict
+from acmrl.config import GRPOConfig
 from acmrl.envs import Environment
 from acmrl.rewards import trajectory_reward
 from acmrl.rollout.agent import Episode
-from acmrl.rollout.judge import load_env
+from acmrl.rollout.environment import build_environment
 from acmrl.rollout.worker import JsonlLog, run_episodes
 from acmrl.train.checkpoint import load_training_state, prune_checkpoints, save_run_checkpoint
 from acmrl.train.common import (
-    MetricsLog,
     build_model,
     fill_batches,
     load_start_model,
     lr_lambda,
     make_accelerator,
     prefix_groups,
-    progress_bar,
     save_policy,
     shares_prefix,
 )
@@ -111,8 +109,9 @@ from acmrl.train.grpo_steps import (
     step_episodes,
     step_tasks,
 )
+from acmrl.train.loop import train_loop
 from acmrl.train.loss import entropy, group_advantages, grpo_loss, target_logprobs
-from acmrl.train.runs import Preemption, start_run
+from acmrl.train.runs import start_run
 from acmrl.train.samples import Sample, trajectory_samples
 
 
@@ -175,7 +174,10 @@ def _forward(model: Any, batch: dict[str, torch.Tensor], temperature: float, sha
 
 
 class GRPOTrainer:
-    """The state of one GRPO run; :func:`run_grpo` drives it."""
+    """The state of one GRPO run, one step at a time (:func:`acmrl.train.loop.train_loop` drives
+    it)."""
+
+    name = "grpo"
 
     def __init__(
         self,
@@ -189,7 +191,7 @@ class GRPOTrainer:
         self.cfg = cfg
         self.out = Path(cfg.output)
         ckpt = start_run(cfg, resume=resume, resume_from=resume_from)
-        self.env = env or load_env(cfg.env)
+        self.env = env or build_environment(cfg.env)
         self.tasks = self.env.tasks(cfg.env.split)[: cfg.env.limit]
         if not self.tasks:
             raise ValueError(f"env {cfg.env.name!r} split {cfg.env.split!r} has no tasks")
@@ -219,6 +221,7 @@ class GRPOTrainer:
             self.state = load_training_state(
                 ckpt, self.opt, self.sched, rank=self.acc.process_index
             )
+        self.start_step = self.state["step"]
         self.model, self.opt = self.acc.prepare(model, self.opt)
         if self.ref is not None:
             self.ref.to(self.acc.device)
@@ -234,37 +237,35 @@ class GRPOTrainer:
         )
 
     def _make_engine(self) -> Any:
-        cfg = self.cfg
-        inner = self.acc.unwrap_model(self.model)
-        if cfg.engine.kind == "vllm":
-            return self._vllm_engine(inner)
-        if cfg.engine.kind == "openai":  # served rollouts: the policy is synced to the servers
-            from acmrl.rollout.run import make_engine
+        from acmrl.engines.factory import trainer_engine
 
-            engine = make_engine(cfg)
+        engine = trainer_engine(self.cfg, self._rollout_model, self.tok, self._served_base)
+        if engine.loads_policy:  # it serves its own copy: hand it the policy it starts from
             self._sync(engine, self.state["step"])
-            return engine
-        from acmrl.engines.hf import HFEngine
+        return engine
 
-        # the engine samples from the very parameters being trained (PEFT injects its LoRA
-        # layers into the base model, so generating with the base model uses them), or from a
-        # merged copy in the rollout dtype, refreshed after every optimiser step
-        gen_model = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    def _rollout_model(self) -> Any:
+        """The model an in-process engine samples: the very parameters being trained (PEFT
+        injects its LoRA layers into the base model, so generating with the base model uses
+        them), or a merged copy in the rollout dtype, refreshed after every optimiser step."""
+        inner = self.acc.unwrap_model(self.model)
         dtype = self.rollout_dtype()
         if dtype is not None:
             from acmrl.train.sampler import SamplerCopy
 
             self.sampler = SamplerCopy(inner, dtype)
-            gen_model = self.sampler.model
-        return HFEngine(
-            gen_model,
-            self.tok,
-            reuse_cache=cfg.engine.reuse_cache,
-            share_prefix=cfg.engine.share_prefix,
-            max_batch=cfg.engine.max_batch,
-            max_sessions=max(64, cfg.concurrency),
-            seed=cfg.seed,
-        )
+            return self.sampler.model
+        return inner.get_base_model() if isinstance(inner, PeftModel) else inner
+
+    def _served_base(self) -> str:
+        """The model an engine that loads the policy serves the trained adapter on: the start
+        model, or the merged SFT model ``build_model`` published when GRPO starts from an
+        adapter."""
+        from acmrl.models import resolve_model
+
+        if self.started_from_adapter:
+            return self.acc.unwrap_model(self.model).peft_config["default"].base_model_name_or_path
+        return resolve_model(self.cfg.model.name)
 
     def rollout_dtype(self) -> torch.dtype | None:
         """The dtype of the sampler copy, or None to sample from the live parameters."""
@@ -276,20 +277,6 @@ class GRPOTrainer:
         dtype = getattr(torch, choice)
         live = next(self.acc.unwrap_model(self.model).parameters()).dtype
         return None if dtype == live else dtype
-
-    def _vllm_engine(self, inner: Any) -> Any:
-        """vLLM over the start model, serving the trained adapter, synced after every step."""
-
-        from acmrl.models import resolve_model
-        from acmrl.rollout.run import vllm_engine
-
-        base = resolve_model(self.cfg.model.name)
-        if self.started_from_adapter:  # vLLM serves the merged SFT model build_model published
-            base = inner.peft_config["default"].base_model_name_or_path
-        cfg = dataclasses.replace(self.cfg, model=dataclasses.replace(self.cfg.model, name=base))
-        engine = vllm_engine(cfg, enable_lora=True, colocated=True)
-        self._sync(engine, self.state["step"])
-        return engine
 
     def _sync(self, engine: Any, step: int) -> None:
         """Hand the current policy to vLLM or the servers: the adapter (saved per process,
@@ -486,7 +473,7 @@ class GRPOTrainer:
         if self.ref is not None:
             return _forward(self.ref, b, T, self.share)[1]
         inner = self.acc.unwrap_model(self.model)
-        with inner.disable_adapter() if hasattr(inner, "disable_adapter") else nullcontext():
+        with inner.disable_adapter() if isinstance(inner, PeftModel) else nullcontext():
             return _forward(self.model, b, T, self.share)[1]
 
     def step(self, step: int) -> dict[str, Any]:
@@ -498,8 +485,7 @@ class GRPOTrainer:
                     self.log.write(ep.traj.to_dict())
         rewards, adv, terms = self.advantages(episodes)
         samples, sample_adv, flat = self.samples(episodes, adv)
-        if hasattr(self.engine, "sleep"):  # colocated vLLM frees its memory for the update
-            self.engine.sleep()
+        self.engine.sleep()  # a colocated engine frees its memory for the update
         t0 = time.perf_counter()
         n_any = int(self.acc.gather(torch.tensor([len(samples)], device=self.acc.device)).sum())
         metrics: dict[str, Any]
@@ -517,13 +503,11 @@ class GRPOTrainer:
             for s in ep.traj.steps
             for c in ([s.call] if s.call else []) + list(s.helper_calls)
         )
-        if hasattr(self.engine, "wake_up"):
-            self.engine.wake_up()
+        self.engine.wake_up()
         if self.sampler is not None and n_any:  # the next rollouts sample the update
             self.sampler.refresh()
-        if self.cfg.engine.kind == "hf":  # caches the old policy read: none may be reused now
-            self.engine.close()
-        if self.cfg.engine.kind in ("vllm", "openai"):  # the next rollouts sample the update
+        self.engine.policy_updated()  # what the old policy computed is not reused
+        if self.engine.loads_policy:  # the next rollouts sample the update
             self._sync(self.engine, step + 1)
         # every process's episodes, not only this one's share
         facts = [
@@ -543,7 +527,24 @@ class GRPOTrainer:
             "train/samples": len(samples),
             "lr": self.sched.get_last_lr()[0],
         }
+        self.state["losses"] = [*self.state["losses"], metrics.get("train/loss", 0.0)]
+        self.state["rewards"] = [*self.state["rewards"], metrics["reward/mean"]]
         return metrics
+
+    def describe(self, metrics: dict[str, Any]) -> str:
+        return (
+            f"reward {metrics['reward/mean']:.3f} success {metrics['rollout/success']:.2f} "
+            f"loss {metrics.get('train/loss', 0.0):.4f}"
+        )
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+        if self.weight_sync is not None:
+            self.weight_sync.close()
+
+    def result(self) -> dict[str, Any]:
+        return {"losses": list(self.state["losses"]), "rewards": list(self.state["rewards"])}
 
     # -- checkpoints ------------------------------------------------------------------------------
 
@@ -565,7 +566,7 @@ class GRPOTrainer:
         final = self.out / "final"
         if self.acc.is_main_process:
             model = self.acc.unwrap_model(self.model)
-            if self.started_from_adapter and hasattr(model, "merge_and_unload"):
+            if self.started_from_adapter and isinstance(model, PeftModel):
                 # the adapter was trained on top of a merged SFT adapter: save the whole policy
                 model = copy.deepcopy(model).merge_and_unload()
             save_policy(model, final)
@@ -586,56 +587,4 @@ def run_grpo(
     ``stop_after`` ends the run early after that many steps (tests of ``--resume``).
     ``env`` replaces the configured environment (tests and library use)."""
     trainer = GRPOTrainer(cfg, resume=resume, resume_from=resume_from, env=env)
-    acc = trainer.acc
-    if cfg.log_with:
-        acc.init_trackers("acmrl-grpo", config={k: str(v) for k, v in to_dict(cfg).items()})
-    step = trainer.state["step"]
-    losses: list[float] = list(trainer.state["losses"])
-    rewards: list[float] = list(trainer.state["rewards"])
-    history = MetricsLog(trainer.out / "metrics.jsonl", step) if acc.is_main_process else None
-    progress = progress_bar("grpo", acc.is_main_process)
-    bar = progress.add_task("grpo", total=cfg.optim.max_steps, completed=step, info="")
-    progress.start()
-    stop = Preemption().start()
-    try:
-        while step < cfg.optim.max_steps:
-            metrics = trainer.step(step)
-            step += 1
-            losses.append(metrics.get("train/loss", 0.0))
-            rewards.append(metrics["reward/mean"])
-            trainer.state |= {"losses": losses, "rewards": rewards}
-            acc.log(metrics, step=step)
-            if history is not None:
-                history.write(step, metrics)
-            progress.update(
-                bar,
-                completed=step,
-                info=f"reward {metrics['reward/mean']:.3f} "
-                f"success {metrics['rollout/success']:.2f} loss {losses[-1]:.4f}",
-            )
-            preempted = stop.requested(acc)
-            if step % cfg.save_every == 0 or step == cfg.optim.max_steps or preempted:
-                trainer.save(step)
-            if preempted or (stop_after is not None and step >= stop_after):
-                break
-    finally:
-        stop.close()
-        progress.stop()
-        if trainer.log is not None:
-            trainer.log.close()
-        if trainer.weight_sync is not None:
-            trainer.weight_sync.close()
-    interrupted = stop.report("grpo", step, cfg.optim.max_steps)
-    final = trainer.save_final() if step == cfg.optim.max_steps else None
-    acc.end_training()
-    return {
-        "steps": step,
-        "losses": losses,
-        "rewards": rewards,
-        "output": str(trainer.out),
-        "final": str(final) if final else None,
-        "processes": acc.num_processes,
-        "rank": acc.process_index,
-        "interrupted": interrupted,
-        "exit_code": stop.exit_code() if interrupted is not None else 0,
-    }
+    return train_loop(trainer, cfg, stop_after)

@@ -14,9 +14,8 @@ from acmrl.config import GRPOConfig
 from acmrl.envs import Environment
 from acmrl.envs.base import Task
 from acmrl.rewards import RewardWeights
-from acmrl.rollout.agent import Episode
+from acmrl.rollout.agent import Episode, make_episode
 from acmrl.rollout.records import Trajectory, fact_retention
-from acmrl.rollout.run import make_episode
 from acmrl.rollout.worker import episode_id
 
 
@@ -41,7 +40,11 @@ def step_episodes(
             for g in range(cfg.group_size):
                 # k tells apart a task drawn twice in one step (a split smaller than the step)
                 eid = f"s{step + 1}/{k}/" + episode_id(task.id, arm, g)
-                episodes.append(make_episode(cfg, eid, env, task, arm, g, tokenizer))
+                episodes.append(
+                    make_episode(
+                        cfg, eid, env, task, arm, g, tokenizer, sample_helpers=cfg.train_helpers
+                    )
+                )
     return episodes
 
 

@@ -34,7 +34,7 @@ def _keeps_masks() -> bool:
     (``slice_logits_to_keep``, transformers >= 5.2x)."""
     from transformers import modeling_utils
 
-    return hasattr(modeling_utils, "slice_logits_to_keep")
+    return getattr(modeling_utils, "slice_logits_to_keep", None) is not None
 
 
 def target_logprobs(

@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from acmrl.config import to_dict
+from acmrl.config import TrainConfig, to_dict
 from acmrl.train.checkpoint import STATE, latest_checkpoint
 
 CONFIG = "config.yaml"
@@ -87,7 +87,7 @@ def _checkpoint_at(path: Path) -> Path:
 
 
 def start_run(
-    cfg: Any, *, resume: bool | str = False, resume_from: str | Path | None = None
+    cfg: TrainConfig, *, resume: bool | str = False, resume_from: str | Path | None = None
 ) -> Path | None:
     """The checkpoint this run continues from (None: a fresh start), after writing the resolved
     config to ``output/config.yaml`` (atomically) and checking it against the checkpoint's run.

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from peft import PeftModel
+from peft.tuners.lora import LoraLayer
 
 PEFT_PREFIX = "base_model.model."
 
@@ -36,7 +38,7 @@ class SamplerCopy:
     """The policy merged and cast to ``dtype``; :meth:`refresh` copies the live weights in."""
 
     def __init__(self, policy: Any, dtype: torch.dtype) -> None:
-        is_peft = hasattr(policy, "merge_and_unload")
+        is_peft = isinstance(policy, PeftModel)
         model = copy.deepcopy(policy)
         if is_peft:
             model = model.merge_and_unload()
@@ -45,7 +47,7 @@ class SamplerCopy:
         self._pairs: list[tuple[torch.Tensor, Callable[[], torch.Tensor]]] = []
         adapted: set[str] = set()
         for name, module in policy.named_modules():
-            if is_peft and hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
+            if is_peft and isinstance(module, LoraLayer):
                 key = _plain_name(name) + ".weight"
                 if key not in params:
                     raise RuntimeError(f"sampler copy: no weight {key!r} for adapted layer {name}")

@@ -21,21 +21,20 @@ from typing import Any
 
 import torch
 
-from acmrl.config import SFTConfig, to_dict
+from acmrl.config import SFTConfig
 from acmrl.train.checkpoint import load_training_state, prune_checkpoints, save_run_checkpoint
 from acmrl.train.common import (
-    MetricsLog,
     build_model,
     fill_batches,
     lr_lambda,
     make_accelerator,
     prefix_groups,
-    progress_bar,
     save_policy,
     shares_prefix,
 )
+from acmrl.train.loop import train_loop
 from acmrl.train.loss import sft_loss, target_logprobs, topk_kl_at
-from acmrl.train.runs import Preemption, start_run
+from acmrl.train.runs import start_run
 
 
 def load_samples(cfg: SFTConfig) -> list[dict[str, Any]]:
@@ -136,6 +135,104 @@ def sft_topk_kl(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.T
     )
 
 
+class SFTTrainer:
+    """One SFT run: the model, optimiser and the deterministic batch order, one step at a time
+    (:func:`acmrl.train.loop.train_loop` drives it)."""
+
+    name = "sft"
+
+    def __init__(
+        self, cfg: SFTConfig, *, resume: bool | str = False, resume_from: str | Path | None = None
+    ) -> None:
+        torch.manual_seed(cfg.seed)
+        self.cfg = cfg
+        self.out = Path(cfg.output)
+        ckpt = start_run(cfg, resume=resume, resume_from=resume_from)
+        self.samples = load_samples(cfg)
+        self.acc = acc = make_accelerator(cfg.optim.mixed_precision, cfg.log_with, str(self.out))
+        model, self.tok, _ = build_model(cfg, ckpt)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(self.params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.optim))
+        state: dict[str, Any] = {"step": 0, "epoch": 0, "batch": 0, "losses": []}
+        if ckpt is not None:
+            state = load_training_state(ckpt, opt, self.sched, rank=acc.process_index)
+        self.model, self.opt = acc.prepare(model, opt)
+        tok = self.tok
+        self.pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        self.start_step, self.epoch, self.pos = state["step"], state["epoch"], state["batch"]
+        self.losses: list[float] = list(state["losses"])
+        self.batches = self._epoch(self.epoch)
+        self.share = shares_prefix(cfg, acc.num_processes)
+        self.model.train()
+
+    def _epoch(self, epoch: int) -> list[list[int]]:
+        acc = self.acc
+        return epoch_batches(self.samples, epoch, self.cfg)[acc.process_index :: acc.num_processes]
+
+    def step(self, step: int) -> dict[str, float]:
+        cfg, acc = self.cfg, self.acc
+        t0 = time.perf_counter()
+        if self.pos >= len(self.batches):
+            self.epoch, self.pos = self.epoch + 1, 0
+            self.batches = self._epoch(self.epoch)
+        idx = self.batches[self.pos]
+        batch = collate([self.samples[i] for i in idx], cfg.max_len, self.pad, acc.device)
+        lp, logits = target_logprobs(
+            self.model,
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["loss_mask"],
+            share_prefix=self.share,
+        )
+        nll = sft_loss(lp, batch["loss_mask"], batch["weights"])
+        use_kl = cfg.kl_coef and "topk_ids" in batch
+        kl = sft_topk_kl(logits, batch) if use_kl else torch.zeros(())
+        loss = nll + cfg.kl_coef * kl
+        acc.backward(loss)
+        if cfg.optim.max_grad_norm:
+            acc.clip_grad_norm_(self.params, cfg.optim.max_grad_norm)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad()
+        self.pos += 1
+        self.losses.append(float(loss.detach()))
+        tokens = int(batch["attention_mask"].sum())
+        metrics = {
+            "loss": self.losses[-1],
+            "nll": float(nll.detach()),
+            "kl": float(kl.detach()),
+            "lr": self.sched.get_last_lr()[0],
+            "target_tokens": int(batch["loss_mask"].sum()),
+            "tokens_per_s": tokens / max(1e-9, time.perf_counter() - t0),  # the step's own time
+        }
+        return metrics
+
+    def describe(self, metrics: dict[str, float]) -> str:
+        return f"loss {metrics['loss']:.4f}"
+
+    def save(self, step: int) -> None:
+        extra = {"epoch": self.epoch, "batch": self.pos, "losses": self.losses[-1000:]}
+        save_run_checkpoint(
+            self.acc, self.out, step, self.model, self.opt, self.sched, extra, self.tok
+        )
+        if self.acc.is_main_process:
+            prune_checkpoints(self.out, self.cfg.save_total_limit)
+
+    def save_final(self) -> Path:
+        final = self.out / "final"
+        if self.acc.is_main_process:
+            save_policy(self.acc.unwrap_model(self.model), final)
+            self.tok.save_pretrained(final)
+        return final
+
+    def close(self) -> None:
+        pass
+
+    def result(self) -> dict[str, Any]:
+        return {"losses": self.losses}
+
+
 def run_sft(
     cfg: SFTConfig,
     *,
@@ -147,102 +244,5 @@ def run_sft(
     from a given checkpoint or run folder (acmrl/train/runs.py). SIGTERM or SIGUSR1 saves a
     checkpoint after the current step and returns with ``interrupted`` set to the signal.
     ``stop_after`` ends the run early after that many steps (tests)."""
-    torch.manual_seed(cfg.seed)
-    out = Path(cfg.output)
-    ckpt = start_run(cfg, resume=resume, resume_from=resume_from)
-    samples = load_samples(cfg)
-    acc = make_accelerator(cfg.optim.mixed_precision, cfg.log_with, str(out))
-    model, tok, _ = build_model(cfg, ckpt)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.optim))
-    state: dict[str, Any] = {"step": 0, "epoch": 0, "batch": 0, "losses": []}
-    if ckpt is not None:
-        state = load_training_state(ckpt, opt, sched, rank=acc.process_index)
-    model, opt = acc.prepare(model, opt)
-    if cfg.log_with:
-        acc.init_trackers("acmrl-sft", config={k: str(v) for k, v in to_dict(cfg).items()})
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    step, epoch, pos = state["step"], state["epoch"], state["batch"]
-    losses: list[float] = list(state["losses"])
-    batches = epoch_batches(samples, epoch, cfg)[acc.process_index :: acc.num_processes]
-    share = shares_prefix(cfg, acc.num_processes)
-    model.train()
-    t0 = time.perf_counter()
-    history = MetricsLog(out / "metrics.jsonl", step) if acc.is_main_process else None
-    progress = progress_bar("sft", acc.is_main_process)
-    bar = progress.add_task("sft", total=cfg.optim.max_steps, completed=step, info="")
-    progress.start()
-    saved = step
-    with Preemption() as stop:
-        while step < cfg.optim.max_steps:
-            if pos >= len(batches):
-                epoch, pos = epoch + 1, 0
-                batches = epoch_batches(samples, epoch, cfg)[acc.process_index :: acc.num_processes]
-            batch = collate([samples[i] for i in batches[pos]], cfg.max_len, pad, acc.device)
-            lp, logits = target_logprobs(
-                model,
-                batch["input_ids"],
-                batch["attention_mask"],
-                batch["loss_mask"],
-                share_prefix=share,
-            )
-            nll = sft_loss(lp, batch["loss_mask"], batch["weights"])
-            use_kl = cfg.kl_coef and "topk_ids" in batch
-            kl = sft_topk_kl(logits, batch) if use_kl else torch.zeros(())
-            loss = nll + cfg.kl_coef * kl
-            acc.backward(loss)
-            if cfg.optim.max_grad_norm:
-                acc.clip_grad_norm_(params, cfg.optim.max_grad_norm)
-            opt.step()
-            sched.step()
-            opt.zero_grad()
-            step, pos = step + 1, pos + 1
-            losses.append(float(loss.detach()))
-            tokens = int(batch["attention_mask"].sum())
-            logged = {
-                "loss": losses[-1],
-                "nll": float(nll.detach()),
-                "kl": float(kl.detach()),
-                "lr": sched.get_last_lr()[0],
-                "target_tokens": int(batch["loss_mask"].sum()),
-                "tokens_per_s": tokens / max(1e-9, time.perf_counter() - t0),
-            }
-            acc.log(logged, step=step)
-            if history is not None:
-                history.write(step, logged)
-            t0 = time.perf_counter()
-            progress.update(bar, completed=step, info=f"loss {losses[-1]:.4f}")
-            preempted = stop.requested(acc)
-            if step % cfg.save_every == 0 or step == cfg.optim.max_steps or preempted:
-                saved = step
-                save_run_checkpoint(
-                    acc,
-                    out,
-                    step,
-                    model,
-                    opt,
-                    sched,
-                    {"epoch": epoch, "batch": pos, "losses": losses[-1000:]},
-                    tok,
-                )
-                if acc.is_main_process:
-                    prune_checkpoints(out, cfg.save_total_limit)
-            if preempted or (stop_after is not None and step >= stop_after):
-                break
-    progress.stop()
-    interrupted = stop.report("sft", saved, cfg.optim.max_steps)
-    if acc.is_main_process and step == cfg.optim.max_steps:
-        final = out / "final"
-        save_policy(acc.unwrap_model(model), final)
-        tok.save_pretrained(final)
-    acc.end_training()
-    return {
-        "steps": step,
-        "losses": losses,
-        "output": str(out),
-        "processes": acc.num_processes,
-        "rank": acc.process_index,
-        "interrupted": interrupted,
-        "exit_code": stop.exit_code() if interrupted is not None else 0,
-    }
+    trainer = SFTTrainer(cfg, resume=resume, resume_from=resume_from)
+    return train_loop(trainer, cfg, stop_after)
