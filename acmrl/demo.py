@@ -124,9 +124,9 @@ SIZES = {
     ),
 }  # fmt: skip
 
-#: the stages in order, each with what its progress line says (from the size); ``Demo`` runs
-#: the method ``_<name>`` of each (dashes as underscores), and the eval of every unseen world
-#: after them when the size has some
+#: the stages in order, each with what its progress line says (from the size); a stage with a
+#: config runs its command on it, the others ``Demo._<name>`` (dashes as underscores); the eval
+#: of every unseen world follows when the size has some
 STAGE_PLAN: tuple[tuple[str, Any], ...] = (
     ("tasks", lambda z: f"kb_search {z.preset}, budget {z.budget} tokens"),
     ("eval-base", lambda z: "the base model"),
@@ -484,15 +484,10 @@ class Demo:
             (self.out / "configs" / f"{name}.yaml").write_text(_yaml(stage_cfg))
         (self.out / "configs" / "demo.yaml").write_text(_yaml(self.cfg))
         z = SIZES[self.cfg.size]
-        steps = [
-            (name, getattr(self, "_" + name.replace("-", "_")), what(z))
-            for name, what in STAGE_PLAN
-        ]
+        steps = [(name, self._stage_fn(name), what(z)) for name, what in STAGE_PLAN]
         for world in UNSEEN_WORLDS if z.unseen else ():
             name = f"eval-unseen-{world}"
-            steps.append(
-                (name, lambda n=name: self._eval(n), f"the export on unseen world {world}")
-            )
+            steps.append((name, self._stage_fn(name), f"the export on unseen world {world}"))
         self.n_stages = len(steps)
         names = [name for name, _, _ in steps]
         stop = self.cfg.stop_after
@@ -505,56 +500,31 @@ class Demo:
                 return {"stopped_after": name, "seconds": dict(self.times)}
         return self.summary()
 
-    # -- the stages, one method each (STAGE_PLAN's order) -------------------------------------
+    # -- the stages: a stage with a config runs its command; the others are methods ------------
 
-    def _eval(self, name: str) -> None:
-        from acmrl.eval.run import run_eval
+    def _stage_fn(self, name: str) -> Any:
+        """What stage ``name`` runs: its command on its config, by the config's kind (an eval,
+        the teacher, a training run, the export), or the method ``_<name>``."""
+        cfg = self.configs.get(name)
+        if cfg is None:
+            return getattr(self, "_" + name.replace("-", "_"))
+        if isinstance(cfg, EvalConfig):
+            from acmrl.eval.run import run_eval
 
-        run_eval(self.configs[name])
+            return lambda: run_eval(cfg)
+        if isinstance(cfg, AnnotateConfig):
+            from acmrl.teacher.annotate import run_annotate
 
-    def _annotate_stage(self, name: str) -> None:
-        from acmrl.teacher.annotate import run_annotate
+            return lambda: run_annotate(cfg)
+        if isinstance(cfg, ExportConfig):
+            from acmrl.train.export import run_export
 
-        run_annotate(self.configs[name])
-
-    def _sft_stage(self, name: str) -> None:
+            return lambda: run_export(cfg)
+        from acmrl.train.grpo import run_grpo
         from acmrl.train.sft import run_sft
 
-        self._train(name, run_sft, self.configs[name])
-
-    def _eval_base(self) -> None:
-        self._eval("eval-base")
-
-    def _annotate(self) -> None:
-        self._annotate_stage("annotate")
-
-    def _sft(self) -> None:
-        self._sft_stage("sft")
-
-    def _eval_sft(self) -> None:
-        self._eval("eval-sft")
-
-    def _round(self) -> None:
-        self._annotate_stage("round")
-
-    def _sft_round(self) -> None:
-        self._sft_stage("sft-round")
-
-    def _eval_round(self) -> None:
-        self._eval("eval-round")
-
-    def _grpo(self) -> None:
-        from acmrl.train.grpo import run_grpo
-
-        self._train("grpo", run_grpo, self.configs["grpo"])
-
-    def _eval_trained(self) -> None:
-        self._eval("eval-trained")
-
-    def _export(self) -> None:
-        from acmrl.train.export import run_export
-
-        run_export(self.configs["export"])
+        run = run_grpo if isinstance(cfg, GRPOConfig) else run_sft
+        return lambda: self._train(name, run, cfg)
 
     def _compare(self) -> None:
         from acmrl.eval.run import compare
