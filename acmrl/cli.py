@@ -435,13 +435,18 @@ def demo(
     overrides: Overrides = None,
     size: Annotated[
         str | None,
-        typer.Option("--size", help="smoke, small, default, long (the longer CPU recipe), large"),
+        typer.Option(
+            "--size",
+            help="default (kb_search chain, SFT), smoke, small, tiny (kb_search tiny with a "
+            "teacher round and GRPO), long (the longer tiny recipe), large",
+        ),
     ] = None,
 ) -> None:
     """The whole pipeline on the embedded default model, from tasks to an exported checkpoint.
 
-    Stages: tasks, baseline eval, annotation, SFT, GRPO, eval of the trained model, export,
-    base vs trained; it prints where the reports and the checkpoint are.
+    Stages: tasks, baseline eval, annotation, SFT, a teacher round and GRPO where the size has
+    them, eval of the trained model, export, base vs trained; it prints where the reports and
+    the checkpoint are.
     """
     args = list(overrides or []) + ([f"size={size}"] if size else [])
     cfg = _load(DemoConfig, config, args)

@@ -989,10 +989,12 @@ class AuditConfig:
 class DemoConfig:
     """`acmrl demo`: tasks, baseline eval, annotation, SFT, GRPO, eval, export, on one machine."""
 
-    size: Literal["smoke", "small", "default", "long", "large"] = option(
+    size: Literal["smoke", "small", "default", "tiny", "long", "large"] = option(
         "default",
-        "smoke: a pipeline check; small and default: short CPU runs; long: the longer CPU recipe "
-        "(>= 50 held-out tasks, unseen worlds); large: GPU",
+        "default: kb_search chain, SFT on acm's best demonstrations (about 50 min on a 2-core "
+        "CPU with bf16); smoke: a pipeline check; small, tiny and long: kb_search tiny with a "
+        "teacher round and GRPO (tiny: the former default; long: >= 50 held-out tasks, unseen "
+        "worlds); large: GPU",
     )
     model: ModelConfig = section(ModelConfig, "the base model (the embedded SmolLM2 by default)")
     output: str = option("runs/demo", "folder of every stage; a rerun skips the finished stages")

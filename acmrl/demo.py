@@ -27,6 +27,10 @@ number (:class:`StageStopped`):
 14. ``curves``: the held-out numbers of every stage in one table and plots, and GRPO per step
     (``curves/``).
 
+The default size, on ``kb_search`` ``chain``, runs tasks, eval-base, annotate (``acm``'s best
+policy), sft, eval-trained (the SFT policy, ``react`` and ``acm``), export, compare and curves:
+it has no teacher round and no GRPO (``Size.has``). The sizes on ``tiny`` run every stage.
+
 The training tasks come from ``kb_search`` worlds ``seed + 1`` ... (many worlds, so the student
 learns the skill rather than one world's names); the held-out tasks from worlds ``seed``,
 ``seed + 100``, ``seed + 101`` ..., never trained on. The ``long`` size also evaluates the
@@ -86,6 +90,31 @@ class Size:
     # std-scaled advantages (standard GRPO): in a group that all succeeds, the Compaction Cost
     # differences get the full advantage scale instead of about +-0.03 (Dr. GRPO's unscaled)
     grpo_scale_advantages: bool = False
+    # tasks taken evenly from each world (the preset's n_train/n_eval per world), not the first
+    # worlds' in order: a chain world holds 200 training tasks
+    per_world: bool = False
+    annotate_arms: tuple[str, ...] = ("react", "acm")  # the arms the teacher demonstrates
+    # when the teacher compacts: "spread" draws each task's point from 0.5-0.9 of the budget and
+    # leaves a share late; "read" compacts right after every read that the answer does not follow
+    timing: str = "spread"
+    # the training side's overflow rule (annotation, round, GRPO); every eval asks for an answer
+    on_overflow: str = "fail"
+
+    @property
+    def trained_stage(self) -> str:
+        """The stage whose policy the demo evaluates last and exports."""
+        return "grpo" if self.grpo_steps else "sft-round" if self.round_tasks else "sft"
+
+    def has(self, stage: str) -> bool:
+        """Whether this size runs ``stage``: a size without a round or GRPO skips them, and
+        without either its one SFT eval is ``eval-trained``."""
+        if stage in ("round", "sft-round", "eval-round"):
+            return self.round_tasks > 0
+        if stage in ("grpo", "grpo-vs-start"):
+            return self.grpo_steps > 0
+        if stage == "eval-sft":
+            return self.trained_stage != "sft"
+        return True
 
 
 # Why each size's numbers are what they are, with the runs that chose them: docs/train.md,
@@ -102,7 +131,19 @@ SIZES = {
         max_turns=12, max_new_tokens=96, sft_steps=20, round_tasks=8, round_steps=10,
         grpo_steps=2, group_size=4, grpo_tasks=1,
     ),
+    # the default: kb_search chain, where the answer is in a document's body three reads away
+    # and the budget holds about two documents; the teacher demonstrates acm's best policy,
+    # compacting after every read, and the student learns it by SFT alone (a teacher round
+    # bought nothing on the dev worlds)
     "default": Size(
+        preset="chain", budget=2048, train_worlds=10, train_tasks=160, eval_worlds=2,
+        eval_tasks=16, max_turns=30, max_new_tokens=96, sft_steps=200, round_tasks=0,
+        round_steps=0, grpo_steps=0, group_size=4, grpo_tasks=1, top_layers=15, per_world=True,
+        annotate_arms=("acm",), timing="read", on_overflow="force_answer",
+    ),
+    # the former default on kb_search tiny (which a react policy solves by a shortcut,
+    # docs/envs.md): SFT, a teacher round and GRPO, every stage of the pipeline in an hour
+    "tiny": Size(
         preset="tiny", budget=1300, train_worlds=10, train_tasks=160, eval_worlds=2,
         eval_tasks=16, max_turns=12, max_new_tokens=96, sft_steps=100, round_tasks=16,
         round_steps=10, grpo_steps=2, group_size=4, grpo_tasks=1, top_layers=15, grpo_lr=2e-4,
@@ -207,18 +248,22 @@ class Recipe:
     @classmethod
     def of(cls, cfg: DemoConfig) -> Recipe:
         z = SIZES[cfg.size]
-        preset = {"preset": z.preset}
+        preset: dict[str, Any] = {"preset": z.preset}
+        eval_opts, train_opts = dict(preset), dict(preset)
+        if z.per_world:
+            eval_opts["n_eval"] = z.eval_tasks // z.eval_worlds
+            train_opts["n_train"] = z.train_tasks // z.train_worlds
         # many worlds to learn the skill, not one world's names; held-out worlds to test it
         env = EnvConfig(
             name="mixture",
-            options={"env": "kb_search", "seeds": eval_seeds(cfg.seed, z), "options": preset},
+            options={"env": "kb_search", "seeds": eval_seeds(cfg.seed, z), "options": eval_opts},
         )
         train_env = EnvConfig(
             name="mixture",
             options={
                 "env": "kb_search",
                 "seeds": [cfg.seed + 1 + i for i in range(z.train_worlds)],
-                "options": preset,
+                "options": train_opts,
             },
             split="train",
             limit=z.train_tasks,
@@ -232,6 +277,7 @@ class Recipe:
             context_signal=True,
             repeat_rule=True,
             text_call_rule=True,
+            on_overflow=z.on_overflow,
         )
         mp = precision(cfg)
         model = cfg.model
@@ -283,14 +329,14 @@ def eval_config(
 
 
 def annotate_config(r: Recipe) -> AnnotateConfig:
-    """The oracle's demonstrations on the training tasks, in react and acm."""
+    """The oracle's demonstrations on the training tasks, in the size's arms."""
     annotate = AnnotateConfig(
         model=r.model,
         sampling=r.greedy,
         # a demonstration needs the turns of the whole plan, whatever the size's limit
         agent=dataclasses.replace(r.agent, max_turns=max(r.agent.max_turns, 12)),
         env=r.train_env,
-        arms=["react", "acm"],
+        arms=list(r.z.annotate_arms),
         resumes=1,
         # one resume per edit: the solve-count filter would drop exactly the edits that worked
         solve_filter=False,
@@ -299,11 +345,18 @@ def annotate_config(r: Recipe) -> AnnotateConfig:
         seed=r.cfg.seed,
         output=r.path("annotate"),
     )
-    annotate.teacher.pressure = 0.75
-    annotate.teacher.pressure_spread = [0.5, 0.9]  # each task compacts at its own point
-    # a share of the tasks compact only when the next result would not fit, so they answer at
-    # once after the last read: two timings in the SFT policy, for GRPO to choose the cheaper
-    annotate.teacher.late_share = LATE_SHARE
+    if r.z.timing == "read":
+        # each arm's own best strategy, compacting right after every read that the answer does
+        # not follow: one rule, the same in every task
+        annotate.teacher.policy = "best"
+        annotate.teacher.pressure, annotate.teacher.pressure_spread = 0.05, []
+        annotate.teacher.late_share = 0.0
+    else:
+        annotate.teacher.pressure = 0.75
+        annotate.teacher.pressure_spread = [0.5, 0.9]  # each task compacts at its own point
+        # a share of the tasks compact only when the next result would not fit, so they answer
+        # at once after the last read: two timings in the SFT policy, for GRPO to choose
+        annotate.teacher.late_share = LATE_SHARE
     annotate.teacher.answers = r.cfg.answers  # the round's teacher is a replace of this one
     return annotate
 
@@ -355,10 +408,12 @@ def sft_round_config(r: Recipe, sft: SFTConfig) -> SFTConfig:
 
 
 def grpo_config(r: Recipe) -> GRPOConfig:
-    """GRPO from the round's policy, acm arm, on success minus Compaction Cost."""
+    """GRPO from the round's policy (the SFT policy without a round), acm arm, on success minus
+    Compaction Cost."""
     z = r.z
+    start = "sft-round" if z.has("sft-round") else "sft"
     grpo = GRPOConfig(
-        model=dataclasses.replace(r.model, name=r.path("sft-round", "final")),
+        model=dataclasses.replace(r.model, name=r.path(start, "final")),
         agent=r.agent,
         env=r.train_env,
         arms=["acm"],
@@ -387,7 +442,7 @@ def grpo_config(r: Recipe) -> GRPOConfig:
 def export_config(r: Recipe) -> ExportConfig:
     """The trained policy as one Hugging Face folder, its eval in the card."""
     return ExportConfig(
-        model=dataclasses.replace(r.model, name=r.path("grpo", "final")),
+        model=dataclasses.replace(r.model, name=r.path(r.z.trained_stage, "final")),
         arm="acm",
         env=r.env,
         agent=r.agent,
@@ -402,18 +457,19 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
     z = r.z
     annotate, sft = annotate_config(r), sft_config(r)
     sft_model, round_model = r.path("sft", "final"), r.path("sft-round", "final")
-    configs: dict[str, Any] = {
-        "eval-base": eval_config(r, "eval-base", r.model.name),
-        "annotate": annotate,
-        "sft": sft,
-        "eval-sft": eval_config(r, "eval-sft", sft_model, ("acm",), limit=z.sft_eval_tasks),
-        "round": round_config(r, annotate),
-        "sft-round": sft_round_config(r, sft),
-        "eval-round": eval_config(r, "eval-round", round_model, ("acm",)),
-        "grpo": grpo_config(r),
-        "eval-trained": eval_config(r, "eval-trained", r.path("grpo", "final")),
-        "export": export_config(r),
+    builders: dict[str, Any] = {
+        "eval-base": lambda: eval_config(r, "eval-base", r.model.name),
+        "annotate": lambda: annotate,
+        "sft": lambda: sft,
+        "eval-sft": lambda: eval_config(r, "eval-sft", sft_model, ("acm",), limit=z.sft_eval_tasks),
+        "round": lambda: round_config(r, annotate),
+        "sft-round": lambda: sft_round_config(r, sft),
+        "eval-round": lambda: eval_config(r, "eval-round", round_model, ("acm",)),
+        "grpo": lambda: grpo_config(r),
+        "eval-trained": lambda: eval_config(r, "eval-trained", r.path(z.trained_stage, "final")),
+        "export": lambda: export_config(r),
     }
+    configs: dict[str, Any] = {name: build() for name, build in builders.items() if z.has(name)}
     for world in UNSEEN_WORLDS if z.unseen else ():
         unseen_env = dataclasses.replace(
             r.env, options={**r.env.options, "seeds": [cfg.seed + world]}
@@ -484,7 +540,7 @@ class Demo:
             (self.out / "configs" / f"{name}.yaml").write_text(_yaml(stage_cfg))
         (self.out / "configs" / "demo.yaml").write_text(_yaml(self.cfg))
         z = SIZES[self.cfg.size]
-        steps = [(name, self._stage_fn(name), what(z)) for name, what in STAGE_PLAN]
+        steps = [(name, self._stage_fn(name), what(z)) for name, what in STAGE_PLAN if z.has(name)]
         for world in UNSEEN_WORLDS if z.unseen else ():
             name = f"eval-unseen-{world}"
             steps.append((name, self._stage_fn(name), f"the export on unseen world {world}"))
@@ -560,13 +616,16 @@ class Demo:
     def _curves(self) -> None:
         from acmrl.eval.curves import write_curves
 
-        stages = [
-            ("base", self.out / "eval-base"),
-            ("sft", self.out / "eval-sft"),
-            ("teacher round", self.out / "eval-round"),
-            ("grpo", self.out / "eval-trained"),
+        z = SIZES[self.cfg.size]
+        # each training stage's held-out eval; the last one's is eval-trained
+        evals = {"sft": "eval-sft", "sft-round": "eval-round", "grpo": "eval-trained"}
+        evals[z.trained_stage] = "eval-trained"
+        stages = [("base", self.out / "eval-base")] + [
+            (label, self.out / evals[stage])
+            for label, stage in (("sft", "sft"), ("teacher round", "sft-round"), ("grpo", "grpo"))
+            if z.has(stage)
         ]
-        write_curves(stages, self.out / "curves", self.out / "grpo")
+        write_curves(stages, self.out / "curves", self.out / "grpo" if z.has("grpo") else None)
 
     def _tasks(self) -> None:
         from acmrl.envs import load

@@ -8,7 +8,7 @@ Runs ``acmrl train sft --config CONFIG optim.max_steps=STEPS`` as a child proces
 and unmapped when freed, the heap's free top is trimmed) and true (every allocation from the
 heap, freed memory kept: :func:`acmrl.models.keep_freed_memory`), alternating, ``--rounds``
 times each, into throw-away output folders. The config's dataset must exist (for the demo's:
-``acmrl demo stop_after=annotate``).
+``acmrl demo --size tiny stop_after=annotate``).
 
 Printed per run: wall seconds (model loading included, the same in both), minor page faults,
 system CPU seconds and peak RSS of the child (``os.wait4``); then the mean of each variant and

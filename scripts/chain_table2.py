@@ -10,9 +10,9 @@ summary, memory and acm, under ``force_answer`` as the evals) on 16 training tas
 worlds 1-10. One model is trained on all of it. react's best policy fails every chain task (the
 third document never fits; ``acmrl audit``), and a failed demonstration teaches nothing, so the
 react arm gets no training episode of its own: the shared model's react runs are the skills the
-other arms' demonstrations taught, in react's prompt. Then, per seed: SFT of the default model on all
-of it (the demo's recipe: LoRA on the top 15 layers, lr 1e-3, 4,096-token batches), and an eval
-of the result in react, summary, memory and acm under ``force_answer`` on ``--test-tasks`` eval
+other arms' demonstrations taught, in react's prompt. Then, per seed: SFT of the default model
+on all of it (the ``tiny`` demo's recipe: LoRA on the top 15 layers, lr 1e-3, 4,096-token
+batches), and an eval of the result in react, summary, memory and acm under ``force_answer`` on ``--test-tasks`` eval
 tasks of each test world (3000 and 3001), which nothing is chosen on. ``--parts dev`` evaluates each
 seed on the dev worlds (1000 and 1001) instead, the only ones to choose settings on. Finally
 ``acmrl eval seeds`` over the test runs writes OUT/table2.md: every run, mean and range, and the
@@ -75,7 +75,7 @@ def configs(
     round_steps: int = 10,
     test_worlds: list[int] = TEST_WORLDS,
 ) -> dict[str, object]:
-    base = stage_configs(DemoConfig(size="default", output=str(out)))
+    base = stage_configs(DemoConfig(size="tiny", output=str(out)))
     annotate, sft, ev = base["annotate"], base["sft"], base["eval-sft"]
     agent = dataclasses.replace(ev.agent, max_context_tokens=2048, max_turns=30)
     annotate.env = chain_env(annotate.env, TRAIN_WORLDS, "train", 16)  # 160 tasks

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GRPO shapes when to compact: on the default demo's demonstrations (35% of them
+# GRPO shapes when to compact: on the tiny demo's demonstrations (35% of them
 # answer right after the last read, 65% compact once more first), a 100-step SFT policy, then
 # 8 GRPO steps of 2 tasks x 4 samples at temperature 0.8 on success minus Compaction Cost;
 # both evaluated greedily on the demo's 16 held-out tasks, then `acmrl eval versus` (Pass@1,
@@ -21,7 +21,7 @@ bash scripts/setup.sh
 A=.venv/bin/acmrl
 D=$OUT/demo
 C=$D/configs
-$A demo output="$D" stop_after=annotate answers="$ANSWERS"
+$A demo --size tiny output="$D" stop_after=annotate answers="$ANSWERS"
 cited=()
 [ "$ANSWERS" = cited ] && cited=(--cited)
 [ -f "$OUT/sft/final/adapter_config.json" ] || [ -f "$OUT/sft/final/config.json" ] ||

@@ -12,7 +12,7 @@ from acmrl.train.common import MetricsLog
 
 
 def test_stage_configs_chain_the_stages(tmp_path):
-    cfg = DemoConfig(output=str(tmp_path / "demo"))
+    cfg = DemoConfig(size="tiny", output=str(tmp_path / "demo"))
     c = stage_configs(cfg)
     out = tmp_path / "demo"
     assert c["sft"].dataset == str(out / "annotate")
@@ -39,18 +39,74 @@ def test_stage_configs_chain_the_stages(tmp_path):
     # SFT, the round's SFT and GRPO adapt the top 15 of SmolLM2's 30 layers; 0 asks for all
     assert c["sft"].lora.top_layers == c["sft-round"].lora.top_layers == 15
     assert c["grpo"].lora.top_layers == 15
-    c = stage_configs(DemoConfig(output=str(tmp_path / "demo"), top_layers=0))
+    c = stage_configs(DemoConfig(size="tiny", output=str(tmp_path / "demo"), top_layers=0))
     assert c["sft"].lora.top_layers is None and c["sft-round"].lora.top_layers is None
     assert c["grpo"].lora.top_layers is None
     assert c["annotate"].teacher.answers == c["round"].teacher.answers == "plain"
-    c = stage_configs(DemoConfig(output=str(tmp_path / "demo"), answers="cited"))
+    c = stage_configs(DemoConfig(size="tiny", output=str(tmp_path / "demo"), answers="cited"))
     assert c["annotate"].teacher.answers == c["round"].teacher.answers == "cited"
     small = stage_configs(DemoConfig(size="smoke", output=str(tmp_path / "s")))
     assert small["sft"].lora.top_layers is None  # a tiny model has fewer layers
 
 
+def test_the_default_demo_trains_acm_on_chain_by_sft_alone(tmp_path):
+    from acmrl.demo import SIZES
+
+    out = tmp_path / "demo"
+    c = stage_configs(DemoConfig(output=str(out)))
+    # no teacher round and no GRPO: the SFT policy is the one evaluated and exported
+    assert list(c) == ["eval-base", "annotate", "sft", "eval-trained", "export"]
+    assert c["eval-trained"].model.name == c["export"].model.name == str(out / "sft" / "final")
+    assert c["eval-trained"].arms == c["eval-base"].arms == ["react", "acm"]
+    # acm's own best policy, compacting after every read, on 16 tasks of each of 10 worlds
+    ann = c["annotate"]
+    assert ann.arms == ["acm"] and ann.teacher.policy == "best" and ann.demonstrations
+    assert ann.teacher.pressure_spread == [] and ann.teacher.late_share == 0.0
+    assert ann.env.options["options"] == {"preset": "chain", "n_train": 16}
+    assert c["eval-base"].env.options["options"] == {"preset": "chain", "n_eval": 8}
+    # the fair overflow rule everywhere, the chain budget
+    for stage in ("annotate", "eval-base", "eval-trained"):
+        assert c[stage].agent.on_overflow == "force_answer", stage
+        assert c[stage].agent.max_context_tokens == 2048, stage
+    # held out from training, and never the chain protocol's dev or test worlds
+    trained = set(ann.env.options["seeds"])
+    held_out = set(c["eval-base"].env.options["seeds"])
+    assert trained.isdisjoint(held_out) and held_out.isdisjoint({1000, 1001, 3000, 3001})
+    assert c["sft"].optim.max_steps == SIZES["default"].sft_steps
+
+
+def test_a_demo_without_round_or_grpo_skips_them(tmp_path, tiny_model_dir, monkeypatch):
+    """The default's shape (SFT alone, on chain) at the smoke size: the stages it has run, the
+    export and the curves read the SFT policy."""
+    import dataclasses
+
+    from typer.testing import CliRunner
+
+    from acmrl import demo
+    from acmrl.cli import app
+
+    chain = dataclasses.replace(
+        demo.SIZES["default"], train_worlds=1, train_tasks=2, eval_worlds=1, eval_tasks=2,
+        max_turns=3, max_new_tokens=24, sft_steps=2, top_layers=None,
+    )  # fmt: skip
+    monkeypatch.setitem(demo.SIZES, "smoke", chain)
+    out = tmp_path / "demo"
+    args = ["demo", "--size", "smoke", f"model.name={tiny_model_dir}", f"output={out}"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    done = sorted(p.name for p in (out / ".done").iterdir())
+    skipped = {"eval-sft", "round", "sft-round", "eval-round", "grpo", "grpo-vs-start"}
+    assert done == sorted(set(STAGES) - skipped)
+    assert "[8/8] curves" in result.output
+    assert (out / "export" / "model.safetensors").exists()
+    curves = (out / "curves" / "curves.md").read_text()
+    assert "| sft | acm |" in curves and "| sft | react |" in curves and "grpo" not in curves
+    summary = json.loads((out / "summary.json").read_text())
+    assert {(r["arm"], r["model"]) for r in summary["rows"]} >= {("acm", "trained")}
+
+
 def test_rollouts_that_train_nothing_run_in_bf16_where_training_does(tmp_path):
-    c = stage_configs(DemoConfig(output=str(tmp_path / "d"), precision="bf16"))
+    c = stage_configs(DemoConfig(size="tiny", output=str(tmp_path / "d"), precision="bf16"))
     for stage in ("eval-base", "eval-sft", "round", "eval-round", "eval-trained"):
         assert c[stage].model.dtype == "bfloat16", stage
         assert c[stage].engine.max_batch == c[stage].concurrency == 16, stage
@@ -58,7 +114,7 @@ def test_rollouts_that_train_nothing_run_in_bf16_where_training_does(tmp_path):
     assert c["sft"].model.dtype == c["grpo"].model.dtype == "float32"
     assert c["sft"].optim.mixed_precision == "bf16"
     assert c["grpo"].optim.batch_tokens == 8192
-    c = stage_configs(DemoConfig(output=str(tmp_path / "d"), precision="no"))
+    c = stage_configs(DemoConfig(size="tiny", output=str(tmp_path / "d"), precision="no"))
     assert c["eval-sft"].model.dtype == "float32"
     # float32 activations take twice the memory: GRPO's micro-batches are halved (8192 tokens
     # peaked at 22.5 GB on a 24 GB CPU machine without bf16)
