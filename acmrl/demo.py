@@ -524,13 +524,21 @@ class Demo:
             self.skipped.append(name)
             self.console.print(f"[dim][{n}/{self.n_stages}] {name}: done already, skipped[/dim]")
             return
+        from acmrl.models import release_freed_memory, resident_gb
+
         self.console.rule(f"[bold][{n}/{self.n_stages}] {name}[/bold]: {what}")
         t0 = time.perf_counter()
         fn()
         self.times[name] = time.perf_counter() - t0
+        # the next stage starts from what is still in use, not from this one's high-water mark
+        release_freed_memory()
+        now, peak = resident_gb()
         marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps({"seconds": self.times[name]}))
-        self.console.print(f"[green]{name} finished in {self.times[name]:.0f} s[/green]")
+        marker.write_text(json.dumps({"seconds": self.times[name], "peak_rss_gb": peak}))
+        self.console.print(
+            f"[green]{name} finished in {self.times[name]:.0f} s[/green] (resident {now:.1f} GB, "
+            f"peak so far {peak:.1f} GB)"
+        )
 
     def run(self) -> dict[str, Any]:
         c = self.configs

@@ -203,6 +203,39 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
 
 
+def release_freed_memory() -> bool:
+    """Give the memory that the process has freed back to the system (glibc's ``malloc_trim``),
+    after a garbage collection. A process that runs one job after another (the demo's stages)
+    otherwise keeps each job's high-water mark, with :func:`keep_freed_memory` or without it (a
+    fragmented heap is not trimmed either), and the next job's peak stacks on top of it. False
+    where the C library is not glibc."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim(0)
+    return True
+
+
+def resident_gb() -> tuple[float, float]:
+    """This process's resident memory now and its peak so far, in GB (Linux ``/proc``)."""
+    now = peak = 0.0
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                gb = int(line.split()[1]) / 1e6  # kB
+                now, peak = (gb, peak) if line.startswith("VmRSS") else (now, gb)
+    except OSError:
+        pass
+    return now, peak
+
+
 def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 

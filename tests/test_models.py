@@ -168,3 +168,28 @@ def test_adapter_base_follows_a_moved_run_and_keeps_a_hub_base(tmp_path):
     )
     assert models.adapter_base(adapter) == "org/hub-model"
     assert models.adapter_base(tmp_path) is None  # not an adapter folder
+
+
+def test_release_freed_memory_gives_a_finished_jobs_memory_back():
+    """With freed memory kept (the engines' setting), 300 MB freed stays resident until
+    release_freed_memory; the demo calls it between stages so their peaks do not stack."""
+    import subprocess
+    import sys
+
+    script = """
+from acmrl.models import keep_freed_memory, release_freed_memory, resident_gb
+assert keep_freed_memory()
+chunks = [bytearray(1 << 20) for _ in range(300)]
+for c in chunks:
+    c[::4096] = b"x" * len(c[::4096])  # touch every page
+held = resident_gb()[0]
+del chunks
+kept = resident_gb()[0]
+assert release_freed_memory()
+print(held, kept, resident_gb()[0])
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    held, kept, released = map(float, out.stdout.split())
+    assert kept > held - 0.05  # freed, but still resident
+    assert released < kept - 0.25  # given back
