@@ -987,7 +987,8 @@ class AuditConfig:
 
 @dataclasses.dataclass
 class DemoConfig:
-    """`acmrl demo`: tasks, baseline eval, annotation, SFT, GRPO, eval, export, on one machine."""
+    """`acmrl demo`: tasks, baseline eval, annotation, SFT (then a teacher round and GRPO where the
+    size has them), eval, export, on one machine."""
 
     size: Literal["smoke", "small", "default", "tiny", "long", "large"] = option(
         "default",

@@ -108,8 +108,10 @@ class Size:
     def has(self, stage: str) -> bool:
         """Whether this size runs ``stage``: a size without a round or GRPO skips them, and
         without either its one SFT eval is ``eval-trained``."""
-        if stage in ("round", "sft-round", "eval-round"):
+        if stage in ("round", "sft-round"):
             return self.round_tasks > 0
+        if stage == "eval-round":  # GRPO's start; without GRPO the round's eval is eval-trained
+            return self.round_tasks > 0 and self.grpo_steps > 0
         if stage in ("grpo", "grpo-vs-start"):
             return self.grpo_steps > 0
         if stage == "eval-sft":
@@ -182,7 +184,10 @@ STAGE_PLAN: tuple[tuple[str, Any], ...] = (
     ("export", lambda z: "merged HF folder + card"),
     ("compare", lambda z: "base vs trained"),
     ("grpo-vs-start", lambda z: "GRPO's policy vs the one it started from"),
-    ("curves", lambda z: "held-out numbers per stage, GRPO per step"),
+    (
+        "curves",
+        lambda z: "held-out numbers per stage" + (", GRPO per step" if z.grpo_steps else ""),
+    ),
 )
 STAGES = [name for name, _ in STAGE_PLAN]
 # the share of demonstrations that compact as late as the budget allows (teacher.late_share)
@@ -540,8 +545,25 @@ class Demo:
             f"peak so far {peak:.1f} GB)"
         )
 
+    def _check_started_with_same_size(self) -> None:
+        """A rerun continues only the demo it started: the stages' ``.done`` markers do not say
+        which size made them, so another size in the same folder would skip its stages and
+        report the other's results."""
+        import yaml
+
+        before = self.out / "configs" / "demo.yaml"
+        if not before.exists():
+            return
+        was = (yaml.safe_load(before.read_text()) or {}).get("size")
+        if was is not None and was != self.cfg.size:
+            raise ValueError(
+                f"{self.out} holds a demo of size {was!r}, not {self.cfg.size!r}: rerun with "
+                f"--size {was} to continue it, or give another output="
+            )
+
     def run(self) -> dict[str, Any]:
         c = self.configs
+        self._check_started_with_same_size()
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "configs").mkdir(exist_ok=True)
         for name, stage_cfg in c.items():
@@ -612,8 +634,9 @@ class Demo:
         from acmrl.train.grpo_steps import reward_weights
 
         grpo = self.configs["grpo"]
+        start = "eval-round" if "eval-round" in self.configs else "eval-sft"  # GRPO's start
         text = versus_start(
-            self.out / "eval-round",
+            self.out / start,
             self.out / "eval-trained",
             reward_weights(grpo),
             self.out / "grpo_vs_start.md",

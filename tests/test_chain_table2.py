@@ -57,7 +57,7 @@ def test_the_read_timing_and_train_arms_reach_the_annotation(tmp_path):
     assert (t.pressure, t.pressure_spread, t.late_share) == (0.05, [], 0.0)
     ev = load_config(EvalConfig, cfgs / "eval-dev-s0.yaml", [])
     assert ev.arms == ["acm", "react"]
-    # the default timing is the demo's spread
+    # the default timing is the tiny demo's spread
     other = tmp_path / "other"
     assert _dry(other).returncode == 0
     spread = load_config(AnnotateConfig, other / "configs" / "annotate.yaml", []).teacher
