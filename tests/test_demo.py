@@ -10,6 +10,14 @@ from acmrl.config import DemoConfig
 from acmrl.demo import STAGES, stage_configs
 from acmrl.train.common import MetricsLog
 
+# the rows of a demo's summary: both arms, base and trained
+BASE_AND_TRAINED = {("react", "base"), ("react", "trained"), ("acm", "base"), ("acm", "trained")}
+
+
+def summary_rows(out) -> set[tuple[str, str]]:
+    summary = json.loads((out / "summary.json").read_text())
+    return {(r["arm"], r["model"]) for r in summary["rows"]}
+
 
 def test_stage_configs_chain_the_stages(tmp_path):
     cfg = DemoConfig(size="tiny", output=str(tmp_path / "demo"))
@@ -109,13 +117,7 @@ def test_a_demo_without_round_or_grpo_skips_them(tmp_path, tiny_model_dir, monke
     assert (out / "export" / "model.safetensors").exists()
     curves = (out / "curves" / "curves.md").read_text()
     assert "| sft | acm |" in curves and "| sft | react |" in curves and "grpo" not in curves
-    summary = json.loads((out / "summary.json").read_text())
-    assert {(r["arm"], r["model"]) for r in summary["rows"]} == {
-        ("react", "base"),
-        ("react", "trained"),
-        ("acm", "base"),
-        ("acm", "trained"),
-    }
+    assert summary_rows(out) == BASE_AND_TRAINED
     # each stage says what it left resident; its marker keeps the peak so far
     assert result.output.count("peak so far") == 8
     assert json.loads((out / ".done" / "sft").read_text())["peak_rss_gb"] > 0
@@ -199,13 +201,7 @@ def test_smoke_demo_runs_every_stage(tmp_path, tiny_model_dir, monkeypatch):
     assert steps == [1, 2]
     for stage in STAGES:
         assert (out / ".done" / stage).exists(), stage
-    summary = json.loads((out / "summary.json").read_text())
-    assert {(r["arm"], r["model"]) for r in summary["rows"]} == {
-        ("react", "base"),
-        ("react", "trained"),
-        ("acm", "base"),
-        ("acm", "trained"),
-    }
+    assert summary_rows(out) == BASE_AND_TRAINED
     assert (out / "export" / "model.safetensors").exists()
     assert "acmrl eval" in (out / "export" / "README.md").read_text()  # the report in the card
     assert "| acm | Pass@1 |" in (out / "compare.md").read_text()
