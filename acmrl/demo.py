@@ -462,19 +462,19 @@ def stage_configs(cfg: DemoConfig) -> dict[str, Any]:
     z = r.z
     annotate, sft = annotate_config(r), sft_config(r)
     sft_model, round_model = r.path("sft", "final"), r.path("sft-round", "final")
-    builders: dict[str, Any] = {
-        "eval-base": lambda: eval_config(r, "eval-base", r.model.name),
-        "annotate": lambda: annotate,
-        "sft": lambda: sft,
-        "eval-sft": lambda: eval_config(r, "eval-sft", sft_model, ("acm",), limit=z.sft_eval_tasks),
-        "round": lambda: round_config(r, annotate),
-        "sft-round": lambda: sft_round_config(r, sft),
-        "eval-round": lambda: eval_config(r, "eval-round", round_model, ("acm",)),
-        "grpo": lambda: grpo_config(r),
-        "eval-trained": lambda: eval_config(r, "eval-trained", r.path(z.trained_stage, "final")),
-        "export": lambda: export_config(r),
+    every: dict[str, Any] = {
+        "eval-base": eval_config(r, "eval-base", r.model.name),
+        "annotate": annotate,
+        "sft": sft,
+        "eval-sft": eval_config(r, "eval-sft", sft_model, ("acm",), limit=z.sft_eval_tasks),
+        "round": round_config(r, annotate),
+        "sft-round": sft_round_config(r, sft),
+        "eval-round": eval_config(r, "eval-round", round_model, ("acm",)),
+        "grpo": grpo_config(r),
+        "eval-trained": eval_config(r, "eval-trained", r.path(z.trained_stage, "final")),
+        "export": export_config(r),
     }
-    configs: dict[str, Any] = {name: build() for name, build in builders.items() if z.has(name)}
+    configs = {name: c for name, c in every.items() if z.has(name)}
     for world in UNSEEN_WORLDS if z.unseen else ():
         unseen_env = dataclasses.replace(
             r.env, options={**r.env.options, "seeds": [cfg.seed + world]}

@@ -192,15 +192,21 @@ def keep_freed_memory() -> bool:
     (``M_TRIM_THRESHOLD`` 2 GiB), so the page faults are paid once; the peak resident memory
     of 8 SFT steps was 0.3-0.5 GB higher (``benchmarks/keep_freed_memory.py``, docs/train.md).
     Process-wide and idempotent; False where the C library is not glibc."""
+    mallopt = _libc_function("mallopt")
+    if mallopt is None:
+        return False
+    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+
+
+def _libc_function(name: str) -> Any:
+    """glibc's function ``name``, or None where the C library lacks it."""
     import ctypes
     import ctypes.util
 
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
     except (OSError, AttributeError):
-        return False
-    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+        return None
 
 
 def release_freed_memory() -> bool:
@@ -209,15 +215,11 @@ def release_freed_memory() -> bool:
     otherwise keeps each job's high-water mark, with :func:`keep_freed_memory` or without it (a
     fragmented heap is not trimmed either), and the next job's peak stacks on top of it. False
     where the C library is not glibc."""
-    import ctypes
-    import ctypes.util
     import gc
 
     gc.collect()
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
+    trim = _libc_function("malloc_trim")
+    if trim is None:
         return False
     trim(0)
     return True
