@@ -1,0 +1,91 @@
+"""Peak resident memory of SFT steps under environment variants, side by side.
+
+    .venv/bin/python benchmarks/sft_memory.py --config runs/demo/configs/sft.yaml \
+        [--steps 40] [--variant NAME=VAR=VALUE ...]
+
+Each variant runs ``acmrl train sft --config CONFIG optim.max_steps=STEPS`` as a child process
+into a throw-away folder, with the variant's environment variable set (``default`` sets
+none). Printed per variant: wall seconds, peak RSS of the child (``os.wait4``), its RSS after
+each quarter of the steps (sampled from ``/proc``: a peak that keeps climbing with the step
+count is a cache that grows, not one large batch), and the last logged loss (variants that only
+change a cache must agree). Run alone: CPU contention distorts the wall times, not the memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def rss_gb(pid: int) -> float:
+    try:
+        pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+    # an exited child that is not reaped yet (a zombie) reports 0 pages: no reading
+    return pages * os.sysconf("SC_PAGE_SIZE") / 1e9 if pages else float("nan")
+
+
+def run(config: str, steps: int, env: dict[str, str]) -> dict[str, object]:
+    with tempfile.TemporaryDirectory() as out, tempfile.TemporaryFile("w+") as log:
+        cmd = [
+            str(Path(sys.executable).parent / "acmrl"),
+            "train",
+            "sft",
+            "--config",
+            config,
+            f"optim.max_steps={steps}",
+            f"save_every={steps + 1}",
+            "log_with=[]",
+            f"output={out}",
+        ]
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=os.environ | env)
+        metrics, marks, seen = Path(out) / "metrics.jsonl", [], 0
+        while True:  # the RSS when each quarter of the steps is logged, until the child exits
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            time.sleep(2)
+            done = len(metrics.read_text().splitlines()) if metrics.exists() else 0
+            if done >= (seen + 1) * steps / 4:
+                seen += 1
+                marks.append(rss_gb(proc.pid))
+        wall = time.perf_counter() - t0
+        if os.waitstatus_to_exitcode(status) != 0:
+            log.seek(0)
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{log.read()[-2000:]}")
+        loss = json.loads(metrics.read_text().splitlines()[-1]).get("loss", float("nan"))
+    return {"wall": wall, "rss_gb": usage.ru_maxrss / 1e6, "marks": marks, "loss": loss}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", required=True, help="an SFT config whose dataset exists")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME=VAR=VALUE: a run with environment variable VAR set to VALUE",
+    )
+    args = ap.parse_args()
+    variants: dict[str, dict[str, str]] = {"default": {}}
+    for v in args.variant:
+        name, var, value = v.split("=", 2)
+        variants[name] = {var: value}
+    print(f"{'variant':<12} {'wall s':>8} {'peak GB':>8}  RSS at 1/4..4/4 of the steps  loss")
+    for name, env in variants.items():
+        r = run(args.config, args.steps, env)
+        marks = " ".join(f"{m:.2f}" for m in r["marks"])
+        print(f"{name:<12} {r['wall']:>8.1f} {r['rss_gb']:>8.2f}  {marks:<30} {r['loss']:.6f}")
+
+
+if __name__ == "__main__":
+    main()
