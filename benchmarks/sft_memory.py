@@ -1,7 +1,7 @@
 """Peak resident memory of SFT steps under environment variants, side by side.
 
     .venv/bin/python benchmarks/sft_memory.py --config runs/demo/configs/sft.yaml \
-        [--steps 40] [--variant NAME=VAR=VALUE ...]
+        [--steps 40] [--variant NAME=VAR=VALUE ...] [--no-default]
 
 Each variant runs ``acmrl train sft --config CONFIG optim.max_steps=STEPS`` as a child process
 into a throw-away folder, with the variant's environment variable set (``default`` sets
@@ -75,8 +75,9 @@ def main() -> None:
         default=[],
         help="NAME=VAR=VALUE: a run with environment variable VAR set to VALUE",
     )
+    ap.add_argument("--no-default", action="store_true", help="only the --variant runs")
     args = ap.parse_args()
-    variants: dict[str, dict[str, str]] = {"default": {}}
+    variants: dict[str, dict[str, str]] = {} if args.no_default else {"default": {}}
     for v in args.variant:
         name, var, value = v.split("=", 2)
         variants[name] = {var: value}
