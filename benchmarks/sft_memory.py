@@ -5,10 +5,12 @@
 
 Each variant runs ``acmrl train sft --config CONFIG optim.max_steps=STEPS`` as a child process
 into a throw-away folder, with the variant's environment variable set (``default`` sets
-none). Printed per variant: wall seconds, peak RSS of the child (``os.wait4``), its RSS after
-each quarter of the steps (sampled from ``/proc``: a peak that keeps climbing with the step
-count is a cache that grows, not one large batch), and the last logged loss (variants that only
-change a cache must agree). Run alone: CPU contention distorts the wall times, not the memory.
+none). Printed per variant: wall seconds, peak RSS of the child (``os.wait4``), its RSS when
+each quarter of the steps is logged (from ``/proc``: a peak that climbs with the step count is
+memory kept across steps, not one large batch), and the last logged loss (variants that only
+change a cache or an allocator must agree). All in kB / 1e6, the unit of
+:func:`acmrl.models.resident_gb`. Run alone: CPU contention distorts the wall times, not the
+memory.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ def rss_gb(pid: int) -> float:
         pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
     except (OSError, IndexError, ValueError):
         return float("nan")
-    # an exited child that is not reaped yet (a zombie) reports 0 pages: no reading
-    return pages * os.sysconf("SC_PAGE_SIZE") / 1e9 if pages else float("nan")
+    # in the unit of ru_maxrss / 1e6 (kB / 1e6, as acmrl.models.resident_gb), so a sample
+    # and the peak compare; an exited child not reaped yet (a zombie) reports 0 pages
+    return pages * os.sysconf("SC_PAGE_SIZE") / 1024 / 1e6 if pages else float("nan")
 
 
 def run(config: str, steps: int, env: dict[str, str]) -> dict[str, object]:
@@ -48,15 +51,15 @@ def run(config: str, steps: int, env: dict[str, str]) -> dict[str, object]:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=os.environ | env)
         metrics, marks, seen = Path(out) / "metrics.jsonl", [], 0
-        while True:  # the RSS when each quarter of the steps is logged, until the child exits
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            time.sleep(2)
+        while True:  # the RSS within 0.5 s of each quarter of the steps being logged
             done = len(metrics.read_text().splitlines()) if metrics.exists() else 0
             if done >= (seen + 1) * steps / 4:
                 seen += 1
                 marks.append(rss_gb(proc.pid))
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            time.sleep(0.5)
         wall = time.perf_counter() - t0
         if os.waitstatus_to_exitcode(status) != 0:
             log.seek(0)
