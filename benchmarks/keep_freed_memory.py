@@ -28,20 +28,26 @@ import time
 from pathlib import Path
 
 
+def sft_command(config: str, steps: int, out: str, *overrides: str) -> list[str]:
+    """``acmrl train sft`` for ``steps`` steps into ``out``, no checkpoint or logger (the
+    benchmarks of SFT share it)."""
+    return [
+        str(Path(sys.executable).parent / "acmrl"),  # not -m: the working folder's code
+        "train",
+        "sft",
+        "--config",
+        config,
+        f"optim.max_steps={steps}",
+        f"save_every={steps + 1}",
+        "log_with=[]",
+        f"output={out}",
+        *overrides,
+    ]
+
+
 def run(config: str, steps: int, keep: bool) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as out, tempfile.TemporaryFile("w+") as log:
-        cmd = [
-            str(Path(sys.executable).parent / "acmrl"),  # not -m: the working folder's code
-            "train",
-            "sft",
-            "--config",
-            config,
-            f"optim.max_steps={steps}",
-            f"save_every={steps + 1}",
-            "log_with=[]",
-            f"output={out}",
-            f"model.keep_freed_memory={str(keep).lower()}",
-        ]
+        cmd = sft_command(config, steps, out, f"model.keep_freed_memory={str(keep).lower()}")
         t0 = time.perf_counter()
         # stderr to a file, not a pipe: a child that fills a pipe nobody reads would block
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)

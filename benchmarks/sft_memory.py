@@ -19,10 +19,11 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from keep_freed_memory import sft_command  # this folder's (run as a script)
 
 
 def rss_gb(pid: int) -> float:
@@ -37,17 +38,7 @@ def rss_gb(pid: int) -> float:
 
 def run(config: str, steps: int, env: dict[str, str]) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as out, tempfile.TemporaryFile("w+") as log:
-        cmd = [
-            str(Path(sys.executable).parent / "acmrl"),
-            "train",
-            "sft",
-            "--config",
-            config,
-            f"optim.max_steps={steps}",
-            f"save_every={steps + 1}",
-            "log_with=[]",
-            f"output={out}",
-        ]
+        cmd = sft_command(config, steps, out)
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=os.environ | env)
         metrics, marks, seen = Path(out) / "metrics.jsonl", [], 0
