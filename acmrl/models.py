@@ -225,11 +225,12 @@ def release_freed_memory() -> bool:
     return True
 
 
-def resident_gb() -> tuple[float, float]:
-    """This process's resident memory now and its peak so far, in GB (Linux ``/proc``)."""
+def resident_gb(pid: int | str = "self") -> tuple[float, float]:
+    """A process's resident memory now and its peak so far, in GB (kB / 1e6, Linux ``/proc``;
+    this process by default); 0.0 where ``/proc`` does not say (an exited child)."""
     now = peak = 0.0
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith(("VmRSS:", "VmHWM:")):
                 gb = int(line.split()[1]) / 1e6  # kB
                 now, peak = (gb, peak) if line.startswith("VmRSS") else (now, gb)

@@ -25,15 +25,7 @@ from pathlib import Path
 
 from keep_freed_memory import sft_command  # this folder's (run as a script)
 
-
-def rss_gb(pid: int) -> float:
-    try:
-        pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
-    except (OSError, IndexError, ValueError):
-        return float("nan")
-    # in the unit of ru_maxrss / 1e6 (kB / 1e6, as acmrl.models.resident_gb), so a sample
-    # and the peak compare; an exited child not reaped yet (a zombie) reports 0 pages
-    return pages * os.sysconf("SC_PAGE_SIZE") / 1024 / 1e6 if pages else float("nan")
+from acmrl.models import resident_gb
 
 
 def run(config: str, steps: int, env: dict[str, str]) -> dict[str, object]:
@@ -46,7 +38,7 @@ def run(config: str, steps: int, env: dict[str, str]) -> dict[str, object]:
             done = len(metrics.read_text().splitlines()) if metrics.exists() else 0
             if done >= (seen + 1) * steps / 4:
                 seen += 1
-                marks.append(rss_gb(proc.pid))
+                marks.append(resident_gb(proc.pid)[0] or float("nan"))  # 0: exited
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
