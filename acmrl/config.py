@@ -291,9 +291,27 @@ class ModelConfig:
     threads: int | None = option(None, "CPU threads for torch; null keeps torch's default", min=1)
     keep_freed_memory: bool = option(
         True,
-        "on a CPU with glibc, keep freed memory in the process for reuse instead of returning "
-        "it to the system and faulting it in anew (SFT steps 1.07x faster here, 40% fewer page "
-        "faults; docs/train.md); false keeps glibc's defaults",
+        "on a CPU with glibc, keep freed heap memory in the process for reuse instead of "
+        "returning it to the system and faulting it in anew (with mmap_threshold_mb null: "
+        "every allocation from the heap; SFT steps 1.07x faster; docs/train.md); false keeps "
+        "glibc's trimming",
+    )
+    trim_every: int | None = option(
+        4,
+        "training on a CPU with glibc: give the heap's freed memory back to the system "
+        "(malloc_trim) every N optimiser steps; a kept heap that the steps' ever-different "
+        "tensor sizes fragment otherwise grows step after step (SFT: 10.4 GB by step 245); "
+        "null: never",
+        min=1,
+    )
+    mmap_threshold_mb: float | None = option(
+        None,
+        "on a CPU with glibc, give each allocation of at least this many MB its own mapping, "
+        "returned to the system when freed (a fixed M_MMAP_THRESHOLD): the lowest peak, at "
+        "a cost in speed (1 MB: SFT 1.4x slower; docs/train.md); null: glibc's own "
+        "threshold, or everything from the heap with keep_freed_memory",
+        min=0.0625,
+        max=32,
     )
 
     def check(self) -> None:

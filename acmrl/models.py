@@ -174,28 +174,45 @@ def configure_torch(cfg: ModelConfig) -> None:
     torch.set_flush_denormal(True)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
-    if cfg.keep_freed_memory and pick_device(cfg.device) == "cpu":
-        keep_freed_memory()
+    if pick_device(cfg.device) == "cpu":
+        configure_malloc(cfg.keep_freed_memory, cfg.mmap_threshold_mb)
 
 
 # glibc's mallopt parameters (malloc.h)
-M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
 
 
-def keep_freed_memory() -> bool:
-    """Make glibc's malloc keep what the process frees, for the next allocation of it.
+def configure_malloc(keep_freed: bool, mmap_threshold_mb: float | None) -> bool:
+    """Set how glibc's malloc serves and returns memory, for this process.
 
-    By default glibc serves every allocation over 32 MB (an activation, an attention score
-    matrix) with a fresh ``mmap`` and unmaps it when freed, and trims the heap's free top, so
-    each training step and prefill faults its working memory in again, page by page, zeroed.
-    Here every allocation comes from the heap (``M_MMAP_MAX`` 0) and freed memory stays in it
-    (``M_TRIM_THRESHOLD`` 2 GiB), so the page faults are paid once; the peak resident memory
-    of 8 SFT steps was 0.3-0.5 GB higher (``benchmarks/keep_freed_memory.py``, docs/train.md).
-    Process-wide and idempotent; False where the C library is not glibc."""
+    ``keep_freed`` keeps the freed heap (``M_TRIM_THRESHOLD`` 2 GiB) instead of trimming it,
+    and without a threshold serves everything from the heap (``M_MMAP_MAX`` 0), so no page is
+    faulted in twice (SFT steps 1.07x faster). A training step's tensors change size with every
+    batch, so the freed blocks seldom fit the next step's and the kept heap grows step after
+    step (SFT: 10.4 GB resident by step 245, one step needing under 5 GB); the training loop
+    gives it back every ``model.trim_every`` steps (:func:`release_freed_memory`).
+    ``mmap_threshold_mb`` fixes the size from which an allocation gets its own mapping,
+    unmapped when freed (glibc's own threshold rises to 32 MB): the lowest peak, but each step
+    faults its tensors in anew (1 MB: SFT 1.4x slower). Measured in docs/train.md
+    (``benchmarks/sft_memory.py``). Process-wide and idempotent; False where the C library is
+    not glibc."""
     mallopt = _libc_function("mallopt")
     if mallopt is None:
         return False
-    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+    ok = True
+    if mmap_threshold_mb is not None:
+        ok = bool(mallopt(M_MMAP_THRESHOLD, int(mmap_threshold_mb * 2**20))) and ok
+    if keep_freed:
+        ok = bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1)) and ok
+        if mmap_threshold_mb is None:
+            ok = bool(mallopt(M_MMAP_MAX, 0)) and ok
+    return ok
+
+
+def keep_freed_memory() -> bool:
+    """Serve every allocation from glibc's heap and keep what is freed there (no threshold):
+    :func:`configure_malloc` with ``keep_freed`` and no ``mmap_threshold_mb``."""
+    return configure_malloc(True, None)
 
 
 def _libc_function(name: str) -> Any:

@@ -1,11 +1,13 @@
 """Peak resident memory of SFT steps under environment variants, side by side.
 
     .venv/bin/python benchmarks/sft_memory.py --config runs/demo/configs/sft.yaml \
-        [--steps 40] [--variant NAME=VAR=VALUE ...] [--no-default]
+        [--steps 40] [--rounds 1] [--variant NAME=KEY=VALUE ...] [--no-default]
 
 Each variant runs ``acmrl train sft --config CONFIG optim.max_steps=STEPS`` as a child process
-into a throw-away folder, with the variant's environment variable set (``default`` sets
-none). Printed per variant: wall seconds, peak RSS of the child (``os.wait4``), its RSS when
+into a throw-away folder, with the variant's settings (``default`` has none): a KEY with a dot
+is a config override (``model.keep_freed_memory=false``), any other an environment variable;
+repeat ``--variant`` with one NAME for several. With ``--rounds`` above 1 the variants
+alternate, round after round. Printed per run: wall seconds, peak RSS of the child (``os.wait4``), its RSS when
 each quarter of the steps is logged (from ``/proc``: a peak that climbs with the step count is
 memory kept across steps, not one large batch), and the last logged loss (variants that only
 change a cache or an allocator must agree). All in kB / 1e6, the unit of
@@ -28,9 +30,11 @@ from keep_freed_memory import sft_command  # this folder's (run as a script)
 from acmrl.models import resident_gb
 
 
-def run(config: str, steps: int, env: dict[str, str]) -> dict[str, object]:
+def run(config: str, steps: int, settings: dict[str, str]) -> dict[str, object]:
+    env = {k: v for k, v in settings.items() if "." not in k}
+    overrides = [f"{k}={v}" for k, v in settings.items() if "." in k]
     with tempfile.TemporaryDirectory() as out, tempfile.TemporaryFile("w+") as log:
-        cmd = sft_command(config, steps, out)
+        cmd = sft_command(config, steps, out, *overrides)
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=os.environ | env)
         metrics, marks, seen = Path(out) / "metrics.jsonl", [], 0
@@ -55,23 +59,30 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True, help="an SFT config whose dataset exists")
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=1, help="alternate the variants this often")
     ap.add_argument(
         "--variant",
         action="append",
         default=[],
-        help="NAME=VAR=VALUE: a run with environment variable VAR set to VALUE",
+        help="NAME=KEY=VALUE: variant NAME sets config key KEY (a dotted name) or environment "
+        "variable KEY to VALUE",
     )
     ap.add_argument("--no-default", action="store_true", help="only the --variant runs")
     args = ap.parse_args()
     variants: dict[str, dict[str, str]] = {} if args.no_default else {"default": {}}
     for v in args.variant:
-        name, var, value = v.split("=", 2)
-        variants[name] = {var: value}
-    print(f"{'variant':<12} {'wall s':>8} {'peak GB':>8}  RSS at 1/4..4/4 of the steps  loss")
-    for name, env in variants.items():
-        r = run(args.config, args.steps, env)
-        marks = " ".join(f"{m:.2f}" for m in r["marks"])
-        print(f"{name:<12} {r['wall']:>8.1f} {r['rss_gb']:>8.2f}  {marks:<30} {r['loss']:.6f}")
+        name, key, value = v.split("=", 2)
+        variants.setdefault(name, {})[key] = value
+    print(f"round {'variant':<12} {'wall s':>8} {'peak GB':>8}  RSS at 1/4..4/4 of the steps  loss")
+    for round_ in range(1, args.rounds + 1):
+        for name, settings in variants.items():
+            r = run(args.config, args.steps, settings)
+            marks = " ".join(f"{m:.2f}" for m in r["marks"])
+            print(
+                f"{round_:<5} {name:<12} {r['wall']:>8.1f} {r['rss_gb']:>8.2f}  {marks:<30} "
+                f"{r['loss']:.6f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

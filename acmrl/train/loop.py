@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from acmrl.config import TrainConfig, to_dict
+from acmrl.models import release_freed_memory
 from acmrl.train.common import MetricsLog, progress_bar
 from acmrl.train.runs import Preemption
 
@@ -68,6 +69,8 @@ def train_loop(trainer: Trainer, cfg: TrainConfig, stop_after: int | None = None
         while step < total:
             metrics = trainer.step(step)
             step += 1
+            if cfg.model.trim_every and step % cfg.model.trim_every == 0:
+                release_freed_memory()
             acc.log(metrics, step=step)
             if history is not None:
                 history.write(step, metrics)
