@@ -296,7 +296,7 @@ class ModelConfig:
         "every allocation from the heap; SFT steps 1.07x faster; docs/train.md); false keeps "
         "glibc's trimming",
     )
-    trim_every: int | None = option(
+    malloc_trim_every: int | None = option(
         4,
         "training on a CPU with glibc: give the heap's freed memory back to the system "
         "(malloc_trim) every N optimiser steps; a kept heap that the steps' ever-different "
@@ -306,10 +306,10 @@ class ModelConfig:
     )
     mmap_threshold_mb: float | None = option(
         None,
-        "on a CPU with glibc, give each allocation of at least this many MB its own mapping, "
+        "on a CPU with glibc, give each allocation of at least this many MiB its own mapping, "
         "returned to the system when freed (a fixed M_MMAP_THRESHOLD): the lowest peak, at "
-        "a cost in speed (1 MB: SFT 1.4x slower; docs/train.md); null: glibc's own "
-        "threshold, or everything from the heap with keep_freed_memory",
+        "a cost in speed (1 MiB without keep_freed_memory: SFT 1.4x slower; docs/train.md); "
+        "null: glibc's own threshold, or everything from the heap with keep_freed_memory",
         min=0.0625,
         max=32,
     )

@@ -180,6 +180,7 @@ def configure_torch(cfg: ModelConfig) -> None:
 
 # glibc's mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
+MMAP_MAX_DEFAULT = 65536  # glibc's default M_MMAP_MAX
 
 
 def configure_malloc(keep_freed: bool, mmap_threshold_mb: float | None) -> bool:
@@ -190,17 +191,19 @@ def configure_malloc(keep_freed: bool, mmap_threshold_mb: float | None) -> bool:
     faulted in twice (SFT steps 1.07x faster). A training step's tensors change size with every
     batch, so the freed blocks seldom fit the next step's and the kept heap grows step after
     step (SFT: 10.4 GB resident by step 245, one step needing under 5 GB); the training loop
-    gives it back every ``model.trim_every`` steps (:func:`release_freed_memory`).
+    gives it back every ``model.malloc_trim_every`` steps (:func:`release_freed_memory`).
     ``mmap_threshold_mb`` fixes the size from which an allocation gets its own mapping,
     unmapped when freed (glibc's own threshold rises to 32 MB): the lowest peak, but each step
     faults its tensors in anew (1 MB: SFT 1.4x slower). Measured in docs/train.md
-    (``benchmarks/sft_memory.py``). Process-wide and idempotent; False where the C library is
-    not glibc."""
+    (``benchmarks/sft_memory.py``). Process-wide and idempotent; what one call turns off (the
+    heap's trimming, mapping) a later call does not turn on again, except that a threshold
+    allows mapping. False where the C library is not glibc."""
     mallopt = _libc_function("mallopt")
     if mallopt is None:
         return False
     ok = True
-    if mmap_threshold_mb is not None:
+    if mmap_threshold_mb is not None:  # mapping allowed again, should an earlier call forbid it
+        ok = bool(mallopt(M_MMAP_MAX, MMAP_MAX_DEFAULT)) and ok
         ok = bool(mallopt(M_MMAP_THRESHOLD, int(mmap_threshold_mb * 2**20))) and ok
     if keep_freed:
         ok = bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1)) and ok

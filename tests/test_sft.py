@@ -320,7 +320,7 @@ def test_batches_group_samples_that_start_alike():
     assert epoch_batches(samples, 0, cfg) == shared != epoch_batches(samples, 1, cfg)
 
 
-def test_trim_every_gives_freed_memory_back_every_n_steps(
+def test_malloc_trim_every_gives_freed_memory_back_every_n_steps(
     tmp_path, dataset, tiny_model_dir, monkeypatch
 ):
     import acmrl.train.loop
@@ -328,10 +328,10 @@ def test_trim_every_gives_freed_memory_back_every_n_steps(
     calls = []
     monkeypatch.setattr(acmrl.train.loop, "release_freed_memory", lambda: calls.append(1))
     cfg = config(tmp_path / "a", dataset, tiny_model_dir, max_steps=5)
-    cfg.model.trim_every = 2
+    cfg.model.malloc_trim_every = 2
     run_sft(cfg)
     assert len(calls) == 2  # after steps 2 and 4
     cfg = config(tmp_path / "b", dataset, tiny_model_dir, max_steps=5)
-    cfg.model.trim_every = None
+    cfg.model.malloc_trim_every = None
     run_sft(cfg)
     assert len(calls) == 2

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from acmrl.config import TrainConfig, to_dict
-from acmrl.models import release_freed_memory
+from acmrl.models import pick_device, release_freed_memory
 from acmrl.train.common import MetricsLog, progress_bar
 from acmrl.train.runs import Preemption
 
@@ -60,6 +60,7 @@ def train_loop(trainer: Trainer, cfg: TrainConfig, stop_after: int | None = None
         config = {k: str(v) for k, v in to_dict(cfg).items()}
         acc.init_trackers(f"acmrl-{trainer.name}", config=config)
     step = saved = trainer.start_step
+    trim = cfg.model.malloc_trim_every if pick_device(cfg.model.device) == "cpu" else None
     history = MetricsLog(trainer.out / "metrics.jsonl", step) if acc.is_main_process else None
     progress = progress_bar(trainer.name, acc.is_main_process)
     bar = progress.add_task(trainer.name, total=total, completed=step, info="")
@@ -69,7 +70,7 @@ def train_loop(trainer: Trainer, cfg: TrainConfig, stop_after: int | None = None
         while step < total:
             metrics = trainer.step(step)
             step += 1
-            if cfg.model.trim_every and step % cfg.model.trim_every == 0:
+            if trim and step % trim == 0:
                 release_freed_memory()
             acc.log(metrics, step=step)
             if history is not None:
