@@ -193,8 +193,10 @@ def configure_malloc(keep_freed: bool, mmap_threshold_mb: float | None) -> bool:
     step (SFT: 10.4 GB resident by step 245, one step needing under 5 GB); the training loop
     gives it back every ``model.malloc_trim_every`` steps (:func:`release_freed_memory`).
     ``mmap_threshold_mb`` fixes the size from which an allocation gets its own mapping,
-    unmapped when freed (glibc's own threshold rises to 32 MB): the lowest peak, but each step
-    faults its tensors in anew (1 MB: SFT 1.4x slower). Measured in docs/train.md
+    unmapped when freed (glibc's own threshold rises to 32 MiB as mapped blocks are freed): at
+    32 MiB a step's largest tensors, the attention scores, leave no hole in the heap; at 1 MiB
+    the peak is lowest, but each step faults its tensors in anew (SFT 1.4x slower). Measured in
+    docs/train.md
     (``benchmarks/sft_memory.py``). Process-wide and idempotent; what one call turns off (the
     heap's trimming, mapping) a later call does not turn on again, except that a threshold
     allows mapping. False where the C library is not glibc."""

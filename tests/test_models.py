@@ -143,8 +143,8 @@ def test_configure_torch_sets_malloc_on_cpu_only(monkeypatch):
     monkeypatch.setattr(models, "configure_malloc", lambda *a: calls.append(a) or True)
     models.configure_torch(ModelConfig(device="cpu"))
     models.configure_torch(ModelConfig(device="cpu", keep_freed_memory=False))
-    models.configure_torch(ModelConfig(device="cpu", mmap_threshold_mb=1.0))
-    assert calls == [(True, None), (False, None), (True, 1.0)]
+    models.configure_torch(ModelConfig(device="cpu", mmap_threshold_mb=None))
+    assert calls == [(True, 32.0), (False, 32.0), (True, None)]
     models.configure_torch(ModelConfig(device="cuda"))
     assert len(calls) == 3
 
