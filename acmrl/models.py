@@ -196,28 +196,23 @@ def configure_malloc(keep_freed: bool, mmap_threshold_mb: float | None) -> bool:
     unmapped when freed (glibc's own threshold rises to 32 MiB as mapped blocks are freed): at
     32 MiB a step's largest tensors, the attention scores, leave no hole in the heap; at 1 MiB
     the peak is lowest, but each step faults its tensors in anew (SFT 1.4x slower). Measured in
-    docs/train.md
-    (``benchmarks/sft_memory.py``). Process-wide and idempotent; what one call turns off (the
-    heap's trimming, mapping) a later call does not turn on again, except that a threshold
-    allows mapping. False where the C library is not glibc."""
+    docs/train.md (``benchmarks/sft_memory.py``). Process-wide and idempotent; what one call
+    turns off (the heap's trimming, mapping) a later call does not turn on again, except that a
+    threshold allows mapping. False where the C library is not glibc."""
     mallopt = _libc_function("mallopt")
     if mallopt is None:
         return False
-    ok = True
+    settings = []
     if mmap_threshold_mb is not None:  # mapping allowed again, should an earlier call forbid it
-        ok = bool(mallopt(M_MMAP_MAX, MMAP_MAX_DEFAULT)) and ok
-        ok = bool(mallopt(M_MMAP_THRESHOLD, int(mmap_threshold_mb * 2**20))) and ok
+        settings += [
+            (M_MMAP_MAX, MMAP_MAX_DEFAULT),
+            (M_MMAP_THRESHOLD, int(mmap_threshold_mb * 2**20)),
+        ]
     if keep_freed:
-        ok = bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1)) and ok
+        settings.append((M_TRIM_THRESHOLD, 2**31 - 1))
         if mmap_threshold_mb is None:
-            ok = bool(mallopt(M_MMAP_MAX, 0)) and ok
-    return ok
-
-
-def keep_freed_memory() -> bool:
-    """Serve every allocation from glibc's heap and keep what is freed there (no threshold):
-    :func:`configure_malloc` with ``keep_freed`` and no ``mmap_threshold_mb``."""
-    return configure_malloc(True, None)
+            settings.append((M_MMAP_MAX, 0))
+    return all([bool(mallopt(param, value)) for param, value in settings])
 
 
 def _libc_function(name: str) -> Any:
@@ -234,7 +229,7 @@ def _libc_function(name: str) -> Any:
 def release_freed_memory() -> bool:
     """Give the memory that the process has freed back to the system (glibc's ``malloc_trim``),
     after a garbage collection. A process that runs one job after another (the demo's stages)
-    otherwise keeps each job's high-water mark, with :func:`keep_freed_memory` or without it (a
+    otherwise keeps each job's high-water mark, with freed memory kept (:func:`configure_malloc`) or not (a
     fragmented heap is not trimmed either), and the next job's peak stacks on top of it. False
     where the C library is not glibc."""
     import gc

@@ -6,7 +6,7 @@
 Runs ``acmrl train sft --config CONFIG optim.max_steps=STEPS`` as a child process with
 ``model.keep_freed_memory`` false (glibc's defaults: allocations over 32 MB are mapped afresh
 and unmapped when freed, the heap's free top is trimmed) and true (every allocation from the
-heap, freed memory kept: :func:`acmrl.models.keep_freed_memory`), alternating, ``--rounds``
+heap, freed memory kept: :func:`acmrl.models.configure_malloc`), alternating, ``--rounds``
 times each, into throw-away output folders. The config's dataset must exist (for the demo's:
 ``acmrl demo --size tiny stop_after=annotate``).
 

@@ -105,9 +105,9 @@ def test_attention_implementations_agree(tiny_model_dir):
 
 REFAULTS = """
 import resource, sys, torch
-from acmrl.models import keep_freed_memory
+from acmrl.models import configure_malloc
 if sys.argv[1] == "keep":
-    assert keep_freed_memory() and keep_freed_memory()  # idempotent
+    assert configure_malloc(True, None) and configure_malloc(True, None)  # idempotent
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 counts = []
@@ -219,8 +219,8 @@ def test_release_freed_memory_gives_a_finished_jobs_memory_back():
     """With freed memory kept (the engines' setting), 300 MB freed stays resident until
     release_freed_memory; the demo calls it between stages so their peaks do not stack."""
     script = """
-from acmrl.models import keep_freed_memory, release_freed_memory, resident_gb
-assert keep_freed_memory()
+from acmrl.models import configure_malloc, release_freed_memory, resident_gb
+assert configure_malloc(True, None)
 chunks = [bytearray(1 << 20) for _ in range(300)]
 for c in chunks:
     c[::4096] = b"x" * len(c[::4096])  # touch every page
