@@ -410,3 +410,65 @@ def test_report_splits_the_tasks_that_need_an_archived_detail(tmp_path, tokenize
     ratio = acm["peak_context_tokens"] / report["arms"]["react"]["peak_context_tokens"]
     assert f"Mean peak tokens, acm / react: {ratio:.3f}." in text
     assert f"| {tmp_path / 'r'} | acm | {len(recall)} | 1.00 | 1.00 | - |" in text
+
+
+def test_failure_causes_one_per_failed_episode():
+    """Each cause of :mod:`acmrl.eval.failures` from an episode built by hand: the budget first,
+    then no answer, a needed document never read, the needed text gone from the context, and a
+    wrong answer with the needed text in view; a success has no cause."""
+    from acmrl.eval.failures import Needs, failure_counts, failure_of
+
+    needs = Needs(reads=("d1", "d2"), evidence=("XK-1234",))
+    read = [
+        Step(0, None, actions=[{"name": "open", "arguments": {"doc_id": d}}]) for d in ("d1", "d2")
+    ]
+    seen = [{"type": "message", "content": [{"text": "[d2] the ledger code XK-1234"}]}]
+
+    def ep(answer, status="answered", steps=read, state=seen, score=0.0, **metrics):
+        return Trajectory(
+            "e", "t", "kb_search", "acm", 0, 0, "m", "?", "XK-1234", steps=steps,
+            answer=answer, status=status, score=score, metrics=metrics, final_state=state,
+        )  # fmt: skip
+
+    assert failure_of(ep("XK-1234", score=1.0), needs) is None
+    assert failure_of(ep("", status="overflow"), needs) == "overflow"
+    assert failure_of(ep("XK-9", forced_answer=True), needs) == "overflow"
+    assert failure_of(ep(None, status="max_turns"), needs) == "no_answer"
+    assert failure_of(ep("  "), needs) == "no_answer"
+    assert failure_of(ep("XK-9", steps=read[:1]), needs) == "unread"
+    assert failure_of(ep("XK-9", state=[]), needs) == "lost"
+    assert failure_of(ep("XK-9"), needs) == "wrong"
+    assert failure_of(ep("XK-9", steps=[], state=[]), None) == "wrong"  # nothing known
+    rows = [{"failure": f} for f in ("lost", "lost", "wrong", "")]
+    assert failure_counts(rows) == {
+        "overflow": 0, "no_answer": 0, "unread": 0, "lost": 2, "wrong": 1
+    }  # fmt: skip
+    assert failure_counts([{"failure": ""}, {}]) == {}
+
+
+def test_report_says_why_episodes_failed(tmp_path, tokenizer):
+    """On kb_search chain: react's best policy goes over the budget on every task (the third
+    document never fits), a policy that answers at once fails for a document it never read,
+    and acm's best policy fails nothing; the report, episodes.csv and the seeds table say so."""
+    from acmrl.eval.seeds import seeds_table
+
+    env = load("kb_search", preset="chain", seed=0)
+
+    def run(name, arms, engine):
+        cfg = EvalConfig(output=str(tmp_path / name), arms=arms, plots=False)
+        cfg.env.options, cfg.env.limit, cfg.agent.max_turns = {"preset": "chain", "seed": 0}, 4, 30
+        return run_eval(cfg, engine=engine)
+
+    best = run("best", ["react", "acm"], oracle_engine(env, tokenizer, budget=2048, policy="best"))
+    assert best["arms"]["react"]["failures"] == {
+        "overflow": 4, "no_answer": 0, "unread": 0, "lost": 0, "wrong": 0
+    }  # fmt: skip
+    assert best["arms"]["acm"]["pass@1"] == 1.0 and "failures" not in best["arms"]["acm"]
+    md = (tmp_path / "best" / "report.md").read_text()
+    assert "## Why episodes failed" in md and "| react | 4/4 | 4 | 0 | 0 | 0 | 0 |" in md
+    hasty = run("hasty", ["react"], ScriptedEngine(tokenizer, lambda s, p: "I do not know."))
+    assert hasty["arms"]["react"]["failures"]["unread"] == 4
+    with (tmp_path / "hasty" / "episodes.csv").open() as f:
+        assert {r["failure"] for r in csv.DictReader(f)} == {"unread"}
+    text = seeds_table([tmp_path / "best"])
+    assert f"| {tmp_path / 'best'} | react | 4/4 | 4 | 0 | 0 | 0 | 0 |" in text

@@ -33,6 +33,7 @@ from typing import Any
 
 from acmrl.config import ARMS
 from acmrl.context.prefix import reusable_prefix
+from acmrl.eval.failures import Needs, failure_counts, failure_of
 from acmrl.rewards import compress_loops
 from acmrl.rollout.records import Trajectory, fact_retention
 
@@ -83,10 +84,11 @@ def cache_figures(t: Trajectory) -> tuple[int, int, int]:
     return prompt, measured, bound
 
 
-def episode_row(t: Trajectory, budget: int, archive_detail: bool | None = None) -> dict[str, Any]:
-    """Per-episode figures of the report (one line of episodes.csv). ``archive_detail``: whether
-    the task needs a detail that matters only once a later document has said so (evidence
-    with a ``query``: :meth:`~acmrl.envs.base.Environment.answer_evidence`); None: not known."""
+def episode_row(t: Trajectory, budget: int, needs: Needs | None = None) -> dict[str, Any]:
+    """Per-episode figures of the report (one line of episodes.csv). ``needs``: what the task
+    needs (:func:`acmrl.eval.failures.task_needs`): whether it needs a detail that matters only
+    once a later document has said so, and what tells why a failed episode failed; None: not
+    known (the archive figure is then left out and a failure is told apart less finely)."""
     m = t.metrics
     steps = _policy_steps(t)
     helpers = [c for s in t.steps for c in s.helper_calls]
@@ -140,7 +142,8 @@ def episode_row(t: Trajectory, budget: int, archive_detail: bool | None = None) 
         "forced_answer": float(bool(m.get("forced_answer"))),
         "forced_compactions": float(m.get("forced_compactions", 0)),
         "wall_s": float(m.get("wall_s", 0.0)),
-        "archive_detail": None if archive_detail is None else float(archive_detail),
+        "archive_detail": None if needs is None else float(needs.archive_detail),
+        "failure": failure_of(t, needs) or "",
     }
 
 
@@ -283,6 +286,8 @@ def arm_summary(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
         "wall_s": _mean(rows, "wall_s"),
     }
     out |= archive_detail_figures(rows)
+    if failures := failure_counts(rows):
+        out["failures"] = failures
     if k > 1:
         samples = [(len(v), int(sum(v))) for v in by_task.values()]
         out[f"pass@{k}"] = sum(pass_at_k(n_, c, k) for n_, c in samples) / len(samples)
@@ -419,11 +424,12 @@ def reading_notes(report: dict[str, Any]) -> list[str]:
 
 
 def rows_from(
-    trajectories: Iterable[Trajectory], budget_of: Any, archive_tasks: set[str] | None = None
+    trajectories: Iterable[Trajectory], budget_of: Any, needs: dict[str, Needs] | None = None
 ) -> list[dict[str, Any]]:
-    """The episodes' rows; ``archive_tasks``: the ids of the tasks that need an archived detail
-    (None: not known, e.g. the environment could not be loaded)."""
+    """The episodes' rows; ``needs``: what each task needs, by task id
+    (:func:`acmrl.eval.failures.task_needs`; None: not known, e.g. the environment could not be
+    loaded)."""
     return [
-        episode_row(t, budget_of(t), None if archive_tasks is None else t.task_id in archive_tasks)
+        episode_row(t, budget_of(t), None if needs is None else needs.get(t.task_id))
         for t in trajectories
     ]

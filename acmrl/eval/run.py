@@ -18,6 +18,7 @@ from typing import Any
 
 from acmrl.config import EvalConfig, RolloutConfig
 from acmrl.engines.base import Engine
+from acmrl.eval.failures import FAILURES, Needs, task_needs
 from acmrl.eval.report import build_report, mcnemar, paired_bootstrap, rows_from
 from acmrl.rollout.prompts import DEFAULT_BUDGET
 from acmrl.rollout.worker import read_trajectories, run_rollout
@@ -56,17 +57,18 @@ def _budget_of(cfg: EvalConfig) -> Any:
     return budget
 
 
-def archive_tasks(cfg: EvalConfig, ids: set[str]) -> set[str] | None:
-    """Of the tasks ``ids``, those whose answer needs a detail that a later document selects,
-    which a summary written before cannot know to keep and ``query_memory`` can bring back
-    (:class:`~acmrl.envs.base.Evidence` with a ``query``: kb_search chain's recall questions);
-    None when the environment cannot be loaded here (the report then leaves these out)."""
+def needs_of(cfg: EvalConfig, ids: set[str]) -> dict[str, Needs] | None:
+    """What each of the tasks ``ids`` needs (:func:`~acmrl.eval.failures.task_needs`): the
+    documents its expert plan reads, the text its answer is read from, and whether that is a
+    detail a later document selects (kb_search chain's recall questions, which a summary written
+    before cannot know to keep and ``query_memory`` can bring back); None when the environment
+    cannot be loaded here (the report then leaves the archive figures out and tells failures
+    apart less finely)."""
     from acmrl.rollout.environment import build_environment
 
     try:
         env = build_environment(cfg.env)
-        tasks = [t for split in env.splits for t in env.tasks(split) if t.id in ids]
-        return {t.id for t in tasks if any(e.query for e in env.answer_evidence(t))}
+        return task_needs(env, [t for split in env.splits for t in env.tasks(split) if t.id in ids])
     except Exception as exc:  # a report of finished episodes never fails for this
         warnings.warn(
             f"no archived-detail figures: {cfg.env.name} did not load ({exc!r})", stacklevel=2
@@ -101,7 +103,7 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None) -> dict[str, Any]:
     trajs = read_trajectories(path)
     if not trajs:
         raise ValueError(f"{path} holds no episodes")
-    rows = rows_from(trajs, _budget_of(cfg), archive_tasks(cfg, {t.task_id for t in trajs}))
+    rows = rows_from(trajs, _budget_of(cfg), needs_of(cfg, {t.task_id for t in trajs}))
     meta = {
         "model": cfg.model.name,
         "env": cfg.env.name,
@@ -148,6 +150,7 @@ EPISODE_FIELDS = [
     "querier_calls",
     "querier_tokens",
     "archive_detail",
+    "failure",
     "wall_s",
 ]
 
@@ -379,6 +382,41 @@ def archive_lines(report: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+FAILURE_WORDS = {
+    "overflow": "over the budget",
+    "no_answer": "no answer",
+    "unread": "answered before reading a needed document",
+    "lost": "needed text not in the context at the end",
+    "wrong": "needed text in the context, other answer",
+}
+
+
+def failure_lines(report: dict[str, Any]) -> list[str]:
+    """Why the failed episodes failed, per arm (:mod:`acmrl.eval.failures`; nothing when the
+    report's rows carry no cause)."""
+    arms = {a: s for a, s in report["arms"].items() if s.get("failures")}
+    if not arms:
+        return []
+    lines = [
+        "## Why episodes failed",
+        "",
+        "One cause per failed episode, the first that holds, in the order of the columns; the "
+        "needed documents are those the expert plan reads and the needed text is what the "
+        "answer is read from (`acmrl.eval.failures`).",
+        "",
+        "| arm | failed | " + " | ".join(FAILURE_WORDS[f] for f in FAILURES) + " |",
+        "|---|---|" + "---|" * len(FAILURES),
+    ]
+    for a, s in arms.items():
+        counts = s["failures"]
+        lines.append(
+            f"| {a} | {sum(counts.values())}/{s['episodes']} | "
+            + " | ".join(str(counts.get(f, 0)) for f in FAILURES)
+            + " |"
+        )
+    return [*lines, ""]
+
+
 def report_markdown(report: dict[str, Any], figures: list[str]) -> str:
     m = report["meta"]
     any_arm = next(iter(report["arms"].values()))
@@ -414,6 +452,7 @@ def report_markdown(report: dict[str, Any], figures: list[str]) -> str:
         detail_table(report),
         "",
         *archive_lines(report),
+        *failure_lines(report),
         "## Reading this table",
         "",
         *(f"- {n}" for n in report["notes"]),

@@ -221,6 +221,31 @@ def _table(columns: list[Column], output: str | Path | None) -> str:
                 f"{s['archive_queried']:.2f} | {'-' if asked is None else f'{asked:.2f}'} | "
                 f"{'-' if other is None else f'{other:.2f}'} |"
             )
+    failed = [
+        (run, col)
+        for col in columns
+        for run in col.runs
+        if run.report["arms"][col.arm].get("failures")
+    ]
+    if failed:
+        from acmrl.eval.failures import FAILURES
+
+        lines += [
+            "",
+            "Why episodes failed, per run (one cause per failed episode, the first that holds: "
+            "`acmrl.eval.failures`):",
+            "",
+            "| run | arm | failed | " + " | ".join(FAILURES) + " |",
+            "|---|---|---|" + "---|" * len(FAILURES),
+        ]
+        for run, col in failed:
+            s = run.report["arms"][col.arm]
+            counts = s["failures"]
+            lines.append(
+                f"| {run.folder} | {col.label} | {sum(counts.values())}/{s['episodes']} | "
+                + " | ".join(str(counts.get(f, 0)) for f in FAILURES)
+                + " |"
+            )
     pairs = [
         (ca, cb) for a, b in PAIRS for ca in columns if ca.arm == a for cb in columns if cb.arm == b
     ]
