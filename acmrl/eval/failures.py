@@ -10,7 +10,7 @@ only a later document selects (evidence with a ``query``). The causes, the first
   ended there (``agent.on_overflow``);
 - ``no_answer``: the episode ended without an answer (turn limit, an error, an empty answer);
 - ``unread``: a document the expert plan reads was never read: the policy answered before the
-  chain was done;
+  chain was done, or followed it to another document;
 - ``lost``: every document was read, but the answer's text was not in the context when the
   episode ended: a compaction (or a summary) dropped it and it was not brought back;
 - ``wrong``: the answer's text was in the context, and another answer was given.

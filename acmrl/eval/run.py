@@ -385,7 +385,7 @@ def archive_lines(report: dict[str, Any]) -> list[str]:
 FAILURE_WORDS = {
     "overflow": "over the budget",
     "no_answer": "no answer",
-    "unread": "answered before reading a needed document",
+    "unread": "a needed document never read",
     "lost": "needed text not in the context at the end",
     "wrong": "needed text in the context, other answer",
 }
