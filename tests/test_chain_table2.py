@@ -133,3 +133,37 @@ def test_a_started_protocol_refuses_other_settings_and_reads_older_files(tmp_pat
     dry.mkdir()
     check(dry, now, write=False)
     assert not (dry / "protocol.json").exists()
+
+
+def test_chain_failures_reads_eval_folders(tmp_path, tokenizer):
+    """scripts/chain_failures.py over an eval of the best scripted policies: react goes over the
+    budget on every task, acm solves every one, and each of acm's first summaries names the
+    entity the first document leads to."""
+    from acmrl.eval.run import run_eval
+    from acmrl.teacher.demonstrate import oracle_engine
+
+    env = load("kb_search", preset="chain", seed=0)
+    cfg = EvalConfig(output=str(tmp_path / "r"), arms=["react", "acm"], plots=False)
+    cfg.env.options, cfg.env.limit, cfg.agent.max_turns = {"preset": "chain", "seed": 0}, 4, 30
+    run_eval(cfg, engine=oracle_engine(env, tokenizer, 2048, policy="best"))
+    shapes = {t.metadata["question"] for t in env.tasks("eval")[:4]}
+
+    def table(arm: str) -> list[str]:
+        cmd = [sys.executable, str(ROOT / "scripts" / "chain_failures.py"), str(tmp_path / "r")]
+        res = subprocess.run(
+            [*cmd, "--arm", arm], capture_output=True, text=True, timeout=300, cwd=ROOT
+        )
+        assert res.returncode == 0, res.stderr[-2000:]
+        return [
+            line for line in res.stdout.splitlines() if line.startswith("| ") and " via " in line
+        ]
+
+    acm, react = table("acm"), table("react")
+    assert {line.split(" via ")[0][2:] for line in acm} == shapes
+    for line in acm:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        n = cells[1]
+        assert cells[2] == "1.00" and cells[3:8] == ["0"] * 5 and cells[8] == f"{n}/{n}", line
+    for line in react:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[2] == "0.00" and cells[3] == cells[1], line  # all over the budget
