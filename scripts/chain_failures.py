@@ -5,10 +5,12 @@
 Reads the folders ``acmrl eval`` wrote (their ``config.yaml``'s environment names the tasks)
 and prints, per question shape (the question kind and the chain's relations, from the task's
 metadata): episodes, Pass@1, why the failed ones failed (``acmrl.eval.failures``), how often
-the episode's first summary (a ``manage_context`` or ``summary`` arm summariser call) names the
-chain's second entity, the one the first document leads to, and how often the answer has the
-shape of the reference (a ledger code ``AB-1234`` or a number): an answer in another question's
-shape means the policy answered the question it was trained on most, not the one asked.
+the episode's first summary (the summariser call of a ``manage_context`` call or of the
+``summary`` arm's harness; a ``memory`` reflection is not one) names the chain's second entity,
+the one the first document leads to (spelling aside: ``acmrl.eval.failures.in_view``), and how
+often the answer has the shape of the reference (a ledger code ``AB-1234`` or a number): an
+answer in another question's shape means the policy answered another question than the one
+asked.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from collections import defaultdict
 from pathlib import Path
 
 from acmrl.config import RolloutConfig, load_config
-from acmrl.eval.failures import FAILURES, failure_of, task_needs
+from acmrl.eval.failures import FAILURES, failure_of, in_view, task_needs
 from acmrl.models import load_tokenizer
 from acmrl.rollout.environment import build_environment
 from acmrl.rollout.worker import read_trajectories
+
+SUMMARIES = ("manage_context", "summary")  # the events whose helper call writes a summary
 
 
 def shape(text: str | None) -> str:
@@ -52,11 +56,18 @@ def main() -> None:
             meta = tasks[t.task_id].metadata
             key = f"{meta.get('question')} via {'/'.join(meta.get('relations') or [])}"
             first = next(
-                (c for s in t.steps for c in s.helper_calls if c.role == "summariser"), None
+                (
+                    c
+                    for s in t.steps
+                    if any(e.kind in SUMMARIES for e in s.events)
+                    for c in s.helper_calls
+                    if c.role == "summariser"
+                ),
+                None,
             )
             second = (meta.get("entities") or [None, None])[1]
             kept = first is not None and second is not None
-            kept = kept and second in tokenizer.decode(first.completion_ids)
+            kept = kept and in_view(second, tokenizer.decode(first.completion_ids))
             same_shape = shape(t.answer) == shape(str(t.reference))
             groups[key].append(
                 (failure_of(t, needs[t.task_id]), kept, first is not None, same_shape)

@@ -435,15 +435,23 @@ def test_failure_causes_one_per_failed_episode():
     assert failure_of(ep("XK-9", forced_answer=True), needs) == "overflow"
     assert failure_of(ep(None, status="max_turns"), needs) == "no_answer"
     assert failure_of(ep("  "), needs) == "no_answer"
+    assert failure_of(ep("(no reply)"), needs) == "no_answer"  # the agent's empty plain reply
     assert failure_of(ep("XK-9", steps=read[:1]), needs) == "unread"
     assert failure_of(ep("XK-9", state=[]), needs) == "lost"
     assert failure_of(ep("XK-9"), needs) == "wrong"
+    # the answering turn is not the input it answered from: a reply quoting the code is not it
+    said = [{"role": "assistant", "content": "the code is XK-1234"}]
+    assert failure_of(ep("XK-9", state=said), needs) == "lost"
+    assert failure_of(ep("XK-9", steps=read[:1], state=[]), needs) == "unread"  # unread first
+    grep = [Step(0, None, actions=[{"name": "grep", "arguments": {"path": "d1"}}]), read[1]]
+    assert failure_of(ep("XK-9", steps=grep), needs) == "unread"  # grep is not a read tool
     assert failure_of(ep("XK-9", steps=[], state=[]), None) == "wrong"  # nothing known
-    rows = [{"failure": f} for f in ("lost", "lost", "wrong", "")]
+    rows = [{"failure": f} for f in ("lost", "lost", "wrong", "none")]
     assert failure_counts(rows) == {
         "overflow": 0, "no_answer": 0, "unread": 0, "lost": 2, "wrong": 1
     }  # fmt: skip
-    assert failure_counts([{"failure": ""}, {}]) == {}
+    assert set(failure_counts([{"failure": "none"}]).values()) == {0}  # none failed
+    assert failure_counts([{}, {}]) == {}  # rows written before causes were recorded
 
 
 def test_report_says_why_episodes_failed(tmp_path, tokenizer):
@@ -459,13 +467,30 @@ def test_report_says_why_episodes_failed(tmp_path, tokenizer):
         cfg.env.options, cfg.env.limit, cfg.agent.max_turns = {"preset": "chain", "seed": 0}, 4, 30
         return run_eval(cfg, engine=engine)
 
-    best = run("best", ["react", "acm"], oracle_engine(env, tokenizer, budget=2048, policy="best"))
+    arms = ["react", "summary", "acm"]
+    best = run("best", arms, oracle_engine(env, tokenizer, budget=2048, policy="best"))
     assert best["arms"]["react"]["failures"] == {
         "overflow": 4, "no_answer": 0, "unread": 0, "lost": 0, "wrong": 0
     }  # fmt: skip
-    assert best["arms"]["acm"]["pass@1"] == 1.0 and "failures" not in best["arms"]["acm"]
+    assert best["arms"]["acm"]["pass@1"] == 1.0
+    assert set(best["arms"]["acm"]["failures"].values()) == {0}
     md = (tmp_path / "best" / "report.md").read_text()
     assert "## Why episodes failed" in md and "| react | 4/4 | 4 | 0 | 0 | 0 | 0 |" in md
+    assert "| acm | 0/4 | 0 | 0 | 0 | 0 | 0 |" in md
+    # the needed text survives the real documents, summaries and archive queries: the best
+    # policies' successes, given another answer, fail with the text in view; without the
+    # context, for its loss
+    from acmrl.eval.failures import failure_of, task_needs
+    from acmrl.rollout.worker import read_trajectories
+
+    trajs = [t for t in read_trajectories(tmp_path / "best" / "episodes.jsonl") if t.score >= 1]
+    assert {t.arm for t in trajs} == {"summary", "acm"}
+    needs = task_needs(env, env.tasks("eval")[:4])
+    for t in trajs:
+        t.score, t.answer = 0.0, "ZZ-0000"
+        assert failure_of(t, needs[t.task_id]) == "wrong", t.episode_id
+        t.final_state = t.final_state[:1]  # the question alone
+        assert failure_of(t, needs[t.task_id]) == "lost", t.episode_id
     hasty = run("hasty", ["react"], ScriptedEngine(tokenizer, lambda s, p: "I do not know."))
     assert hasty["arms"]["react"]["failures"]["unread"] == 4
     with (tmp_path / "hasty" / "episodes.csv").open() as f:

@@ -33,7 +33,7 @@ from typing import Any
 
 from acmrl.config import ARMS
 from acmrl.context.prefix import reusable_prefix
-from acmrl.eval.failures import Needs, failure_counts, failure_of
+from acmrl.eval.failures import SUCCESS, Needs, failure_counts, failure_of
 from acmrl.rewards import compress_loops
 from acmrl.rollout.records import Trajectory, fact_retention
 
@@ -143,7 +143,9 @@ def episode_row(t: Trajectory, budget: int, needs: Needs | None = None) -> dict[
         "forced_compactions": float(m.get("forced_compactions", 0)),
         "wall_s": float(m.get("wall_s", 0.0)),
         "archive_detail": None if needs is None else float(needs.archive_detail),
-        "failure": failure_of(t, needs) or "",
+        "failure": failure_of(t, needs) or SUCCESS,
+        # whether the task's needs were known (else a failure is overflow, no_answer or wrong)
+        "needs_known": float(needs is not None),
     }
 
 
@@ -288,6 +290,9 @@ def arm_summary(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
     out |= archive_detail_figures(rows)
     if failures := failure_counts(rows):
         out["failures"] = failures
+        out["failures_needs_unknown"] = sum(
+            r.get("failure") not in (SUCCESS, None) and not r.get("needs_known", 1.0) for r in rows
+        )
     if k > 1:
         samples = [(len(v), int(sum(v))) for v in by_task.values()]
         out[f"pass@{k}"] = sum(pass_at_k(n_, c, k) for n_, c in samples) / len(samples)

@@ -63,17 +63,20 @@ def needs_of(cfg: EvalConfig, ids: set[str]) -> dict[str, Needs] | None:
     detail a later document selects (kb_search chain's recall questions, which a summary written
     before cannot know to keep and ``query_memory`` can bring back); None when the environment
     cannot be loaded here (the report then leaves the archive figures out and tells failures
-    apart less finely)."""
+    apart less finely, and says so)."""
     from acmrl.rollout.environment import build_environment
 
     try:
         env = build_environment(cfg.env)
-        return task_needs(env, [t for split in env.splits for t in env.tasks(split) if t.id in ids])
+        tasks = [t for split in env.splits for t in env.tasks(split) if t.id in ids]
     except Exception as exc:  # a report of finished episodes never fails for this
         warnings.warn(
-            f"no archived-detail figures: {cfg.env.name} did not load ({exc!r})", stacklevel=2
+            f"{cfg.env.name} did not load ({exc!r}): no archived-detail figures, and failures "
+            "told apart only as over the budget, no answer or other answer",
+            stacklevel=2,
         )
         return None
+    return task_needs(env, tasks)
 
 
 def _oracle(cfg: EvalConfig) -> Engine:
@@ -151,6 +154,7 @@ EPISODE_FIELDS = [
     "querier_tokens",
     "archive_detail",
     "failure",
+    "needs_known",
     "wall_s",
 ]
 
@@ -386,27 +390,28 @@ FAILURE_WORDS = {
     "overflow": "over the budget",
     "no_answer": "no answer",
     "unread": "a needed document never read",
-    "lost": "needed text not in the context at the end",
-    "wrong": "needed text in the context, other answer",
+    "lost": "needed text not in the input",
+    "wrong": "needed text in the input, other answer",
 }
 
 
 def failure_lines(report: dict[str, Any]) -> list[str]:
     """Why the failed episodes failed, per arm (:mod:`acmrl.eval.failures`; nothing when the
     report's rows carry no cause)."""
-    arms = {a: s for a, s in report["arms"].items() if s.get("failures")}
+    arms = {a: s for a, s in report["arms"].items() if "failures" in s}
     if not arms:
         return []
     lines = [
         "## Why episodes failed",
         "",
         "One cause per failed episode, the first that holds, in the order of the columns; the "
-        "needed documents are those the expert plan reads and the needed text is what the "
-        "answer is read from (`acmrl.eval.failures`).",
+        "needed documents are those the expert plan reads, the needed text what the answer is "
+        "read from, and the input the one the policy answered from (`acmrl.eval.failures`).",
         "",
         "| arm | failed | " + " | ".join(FAILURE_WORDS[f] for f in FAILURES) + " |",
         "|---|---|" + "---|" * len(FAILURES),
     ]
+    unknown = []
     for a, s in arms.items():
         counts = s["failures"]
         lines.append(
@@ -414,6 +419,16 @@ def failure_lines(report: dict[str, Any]) -> list[str]:
             + " | ".join(str(counts.get(f, 0)) for f in FAILURES)
             + " |"
         )
+        if s.get("failures_needs_unknown"):
+            unknown.append(f"{a} {s['failures_needs_unknown']}")
+    if unknown:
+        lines += [
+            "",
+            "What some tasks need was not known here (the environment did not load, or not for "
+            "them), so their failures count as over the budget, no answer or other answer: "
+            + ", ".join(unknown)
+            + " failed episodes.",
+        ]
     return [*lines, ""]
 
 
