@@ -309,7 +309,8 @@ class ModelConfig:
         "on a CPU with glibc, give each allocation of at least this many MiB its own mapping, "
         "returned to the system when freed (a fixed M_MMAP_THRESHOLD; the largest glibc "
         "allows is 32): a training step's attention scores then leave no hole in the heap "
-        "(SFT peak 6.43 GB against 7.26 over 48 steps); 1 with keep_freed_memory false gives "
+        "(SFT peak 6.43 GB against 7.26 over 48 steps; the chain demo's peak 9.4 GB against 10.2, "
+        "SFT 11% slower); 1 with keep_freed_memory false gives "
         "the lowest peak, SFT 1.4x slower (docs/train.md); null: glibc's own threshold, or "
         "everything from the heap with keep_freed_memory",
         min=0.0625,
