@@ -154,6 +154,13 @@ def seeds_table(folders: list[str | Path], output: str | Path | None = None) -> 
     return _table(columns, output)
 
 
+def _runs_with(columns: list[Column], key: str) -> list[tuple[Any, Column]]:
+    """(run, column) for every run whose report has ``key`` for the column's arm."""
+    return [
+        (run, col) for col in columns for run in col.runs if run.report["arms"][col.arm].get(key)
+    ]
+
+
 def _table(columns: list[Column], output: str | Path | None) -> str:
     n_runs = max(len(c.runs) for c in columns)
     lines = [
@@ -199,12 +206,7 @@ def _table(columns: list[Column], output: str | Path | None) -> str:
     ]
     if ratios:
         lines += ["", f"Mean peak tokens, {'; '.join(ratios)}."]
-    archive = [
-        (run, col)
-        for col in columns
-        for run in col.runs
-        if run.report["arms"][col.arm].get("archive_episodes")
-    ]
+    archive = _runs_with(columns, "archive_episodes")
     if archive:
         lines += [
             "",
@@ -221,12 +223,7 @@ def _table(columns: list[Column], output: str | Path | None) -> str:
                 f"{s['archive_queried']:.2f} | {'-' if asked is None else f'{asked:.2f}'} | "
                 f"{'-' if other is None else f'{other:.2f}'} |"
             )
-    failed = [
-        (run, col)
-        for col in columns
-        for run in col.runs
-        if run.report["arms"][col.arm].get("failures")
-    ]
+    failed = _runs_with(columns, "failures")
     if failed:
         from acmrl.eval.failures import FAILURES
 
