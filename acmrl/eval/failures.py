@@ -32,6 +32,7 @@ import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from difflib import SequenceMatcher
+from functools import lru_cache
 from typing import Any
 
 from acmrl.rollout.records import Trajectory
@@ -154,17 +155,23 @@ def in_view(text: str, context: str, likeness: float = 0.9) -> bool:
     False
     """
     want = _SPACES.sub(" ", text).strip().casefold()
-    have = _SPACES.sub(" ", context).casefold()
+    have, parts = _prepared(context)
     if want in have:
         return True
-    numbers = _NUMBERS.findall(text.upper())
-    for part in re.split(r"\n|(?<=[.!?])\s", context):
-        part = _SPACES.sub(" ", part).strip().casefold()
-        if not part or not all(n.casefold() in part for n in numbers):
-            continue
-        if SequenceMatcher(None, want, part, autojunk=False).ratio() >= likeness:
-            return True
-    return False
+    numbers = [n.casefold() for n in _NUMBERS.findall(text.upper())]
+    return any(
+        all(n in part for n in numbers)
+        and SequenceMatcher(None, want, part, autojunk=False).ratio() >= likeness
+        for part in parts
+    )
+
+
+@lru_cache(maxsize=8)
+def _prepared(context: str) -> tuple[str, tuple[str, ...]]:
+    """``context`` with spaces and case normalised, whole and as its lines and sentences: done
+    once for the several texts of one episode that :func:`in_view` looks for."""
+    parts = (_SPACES.sub(" ", p).strip().casefold() for p in re.split(r"\n|(?<=[.!?])\s", context))
+    return _SPACES.sub(" ", context).casefold(), tuple(p for p in parts if p)
 
 
 def failure_of(t: Trajectory, needs: Needs | None) -> str | None:
