@@ -159,6 +159,13 @@ def test_eval_writes_a_full_report_and_compare_reads_two(tmp_path, tokenizer):
     # the same episodes, the report rebuilt without a model; then a "before" with a worse policy
     cfg.report_only = True
     assert run_eval(cfg)["arms"]["acm"]["pass@1"] == 1.0
+    # the same file under a plan of one arm: react's episodes stay in the file, out of the report
+    one = EvalConfig(output=cfg.output, arms=["acm"], report_only=True)
+    one.env, one.agent = cfg.env, cfg.agent
+    assert list(run_eval(one)["arms"]) == ["acm"]
+    assert "4 episode(s) in `episodes.jsonl` of arms or samples" in (out / "report.md").read_text()
+    assert len((out / "episodes.jsonl").read_text().splitlines()) == 8
+    run_eval(cfg)  # both arms again, for what follows
     worse = EvalConfig(output=str(tmp_path / "b"), arms=["react", "acm"])
     worse.env = cfg.env
     worse.agent.max_context_tokens = 1400

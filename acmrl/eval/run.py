@@ -92,6 +92,17 @@ def _oracle(cfg: EvalConfig) -> Engine:
     return oracle_engine(env, load_tokenizer(cfg.model.name), budget)
 
 
+def in_plan(cfg: EvalConfig, trajs: list[Any]) -> tuple[list[Any], int]:
+    """The episodes of ``cfg``'s arms and samples, and how many others the file holds.
+
+    An eval resumed under another plan (an arm dropped, fewer samples) keeps the other
+    episodes in ``episodes.jsonl``; the report covers only what the config asks for, so a
+    figure never mixes in an arm or sample the config does not name."""
+    arms = set(cfg.arms)
+    kept = [t for t in trajs if t.arm in arms and t.sample < cfg.samples]
+    return kept, len(trajs) - len(kept)
+
+
 def run_eval(cfg: EvalConfig, engine: Engine | None = None) -> dict[str, Any]:
     """Run (unless ``report_only``) and write the report; returns it."""
     out = Path(cfg.output)
@@ -103,9 +114,9 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None) -> dict[str, Any]:
     path = out / EPISODES
     if not path.exists():
         raise ValueError(f"{path} does not exist: run the eval first (report_only=false)")
-    trajs = read_trajectories(path)
+    trajs, left_out = in_plan(cfg, read_trajectories(path))
     if not trajs:
-        raise ValueError(f"{path} holds no episodes")
+        raise ValueError(f"{path} holds no episodes of arms {list(cfg.arms)}")
     rows = rows_from(trajs, _budget_of(cfg), needs_of(cfg, {t.task_id for t in trajs}))
     meta = {
         "model": cfg.model.name,
@@ -120,6 +131,7 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None) -> dict[str, Any]:
         "text_call_rule": cfg.agent.text_call_rule,
         "on_overflow": cfg.agent.on_overflow,
         "force_compaction": cfg.agent.force_compaction,
+        "episodes_left_out": left_out,
     }
     report = build_report(rows, meta)
     write_report(report, rows, out, plots=cfg.plots)
@@ -455,7 +467,13 @@ def report_markdown(report: dict[str, Any], figures: list[str]) -> str:
             if m.get("text_call_rule")
             else ""
         )
-        + f" {overflow_rule(m)}",
+        + f" {overflow_rule(m)}"
+        + (
+            f" {m['episodes_left_out']} episode(s) in `episodes.jsonl` of arms or samples this "
+            "config does not ask for (an earlier run of another plan) are left out."
+            if m.get("episodes_left_out")
+            else ""
+        ),
         "",
         main_table(report),
         "",

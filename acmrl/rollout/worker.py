@@ -183,6 +183,16 @@ def summary_rows(trajectories: Iterable[Trajectory]) -> list[dict[str, Any]]:
     return rows
 
 
+def planned_ids(cfg: RolloutConfig, env: Environment) -> list[str]:
+    """The episode ids ``cfg`` asks for, in plan order (tasks, then arms, then samples)."""
+    return [
+        episode_id(task.id, arm, sample)
+        for task in env.tasks(cfg.env.split)[: cfg.env.limit]
+        for arm in cfg.arms
+        for sample in range(cfg.samples)
+    ]
+
+
 def plan_episodes(
     cfg: RolloutConfig, env: Environment, tokenizer: Any, skip: set[str]
 ) -> Iterator[Episode]:
@@ -213,8 +223,7 @@ def run_rollout(
     from acmrl.progress import progress as progress_for
 
     env = build_environment(cfg.env)
-    n_tasks = len(env.tasks(cfg.env.split)[: cfg.env.limit])
-    total = n_tasks * len(cfg.arms) * cfg.samples
+    planned = planned_ids(cfg, env)
     writer = TrajectoryWriter(cfg.output)
     if engine is None:
         engine = make_engine(cfg)
@@ -230,7 +239,10 @@ def run_rollout(
     ]
     try:
         with progress_for("rollout", *columns) as progress:
-            bar = progress.add_task("episodes", total=total, completed=len(writer.done), last="")
+            # a file resumed under another plan (fewer arms, tasks or samples) may hold episodes
+            # this one does not ask for: they stay in the file and are not counted here
+            done_here = len(writer.done.intersection(planned))
+            bar = progress.add_task("episodes", total=len(planned), completed=done_here, last="")
 
             def done(ep: Episode) -> None:
                 writer.write(ep.traj)
