@@ -1,19 +1,26 @@
-"""Batched decoding in the transformers engine: finished rows leave the batch, or ride along.
+"""Batched decoding in the transformers engine: finished rows leave the batch or ride along;
+the batch's cache grows in place or by concatenation.
 
     .venv/bin/python benchmarks/decode_batch.py [--rows 16] [--dtype bfloat16] [--repeats 2]
+        [--preset tiny|chain] [--cap N]
 
-A batch of ``--rows`` kb_search tiny inputs (the rendered State of expert episodes, system
-prompt and tools included, ~750-1,250 tokens), each asked for a different number of new tokens
-(20 to 96, spread like an agent's turns: a compaction call closes in ~25 tokens, a summary in
-~50, a malformed turn runs to the 96-token cap). Two modes of :class:`acmrl.engines.hf.HFEngine`:
+A batch of ``--rows`` kb_search inputs (the rendered State of expert episodes before their last
+call, system prompt and tools included: ~750-1,250 tokens on ``tiny``, longer on ``chain``),
+each asked for a different number of new tokens (20 to 96, spread like an agent's turns: a
+compaction call closes in ~25 tokens, a summary in ~50, a malformed turn runs to the 96-token
+cap). Three modes of :class:`acmrl.engines.hf.HFEngine`:
 
-    (a) ``drop_finished=False``: every row is decoded until the longest one finishes (the
-        engine before this benchmark); (b) ``drop_finished=True``: a row leaves the batch as
-        soon as it finishes.
+    (a) ``drop_finished=False, grow_in_place=False``: every row is decoded until the longest
+        one finishes, its cache grown by concatenation (transformers' ``DynamicCache``: each
+        token copies the whole cache);
+    (b) ``drop_finished=True, grow_in_place=False``: a row leaves the batch as soon as it
+        finishes;
+    (c) ``drop_finished=True, grow_in_place=True`` (the engine's default): as (b), each token
+        written in place into a buffer made for the batch's new tokens.
 
-Printed per mode: wall seconds of the decode (prefill excluded: the same in both), tokens
-generated, row-steps computed; then the ratio, and whether the completions agree (identical in
-float32; in bfloat16 a different batch size may change the last bits of a matmul).
+Printed per mode: wall seconds of the decode (prefill excluded: the same in all), row-steps
+computed; then the ratios, and whether the completions agree (identical in float32; in
+bfloat16 a different batch size may change the last bits of a matmul).
 """
 
 from __future__ import annotations
@@ -32,13 +39,14 @@ from acmrl.envs.pressure import SYSTEM_PROMPT, oracle_state
 from acmrl.models import load_model
 
 
-def inputs(tokenizer, rows: int) -> list[list[int]]:
-    env = load("mixture", env="kb_search", seeds=[0, 100], options={"preset": "tiny"})
+def inputs(tokenizer, rows: int, preset: str = "tiny", cap: int = 0) -> list[list[int]]:
+    env = load("mixture", env="kb_search", seeds=[0, 100], options={"preset": preset})
     out = []
     for task in env.tasks("eval"):
         renderer = Renderer(tokenizer, SYSTEM_PROMPT, env.session(task).tools)
         state, _ = oracle_state(env, task)
-        out.append(renderer.ids(state[: len(state) - 2]))  # before the last call: the longest
+        ids = renderer.ids(state[: len(state) - 2])  # before the last call: the longest
+        out.append(ids[:cap] if cap else ids)
         if len(out) == rows:
             break
     return out
@@ -61,8 +69,8 @@ def timed(engine: Engine, prompts, lengths) -> tuple[float, float, list[Completi
     return prefill, time.perf_counter() - t0, out
 
 
-def run(model, tok, prompts, lengths, drop: bool) -> tuple[float, list[list[int]]]:
-    engine = HFEngine(model, tok, max_batch=len(prompts), drop_finished=drop)
+def run(model, tok, prompts, lengths, drop: bool, grow: bool) -> tuple[float, list[list[int]]]:
+    engine = HFEngine(model, tok, max_batch=len(prompts), drop_finished=drop, grow_in_place=grow)
     _, decode, out = timed(engine, prompts, lengths)
     return decode, [c.completion_ids for c in out]
 
@@ -72,29 +80,46 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--preset", default="tiny", help="kb_search preset of the inputs")
+    ap.add_argument(
+        "--cap",
+        type=int,
+        default=0,
+        help="cut each input to its first N tokens (0: whole); chain's expert states without "
+        "compaction run far past an agent's budget, so e.g. --cap 2000 for the size of its turns",
+    )
     args = ap.parse_args()
     torch.set_flush_denormal(True)
     model, tok = load_model(ModelConfig(dtype=args.dtype))
-    prompts = inputs(tok, args.rows)
+    prompts = inputs(tok, args.rows, args.preset, args.cap)
     n = len(prompts)
     lengths = [20 + (76 * i) // max(1, n - 1) for i in range(n)]
+    modes = {
+        "finished rows ride along, cache concatenated": (False, False),
+        "finished rows leave, cache concatenated": (True, False),
+        "finished rows leave, cache grown in place": (True, True),
+    }
     results = {}
-    for drop in (False, True):
-        times = []
-        for _ in range(args.repeats):
-            wall, outs = run(model, tok, prompts, lengths, drop)
-            times.append(wall)
-        results[drop] = (min(times), outs)
-    steps_all = n * max(lengths)
-    steps_drop = sum(lengths)
-    print(f"{n} rows, new tokens {min(lengths)}..{max(lengths)}, {args.dtype}")
-    print(f"| mode | decode seconds (best of {args.repeats}) | row-steps |")
-    print("|---|---|---|")
-    print(f"| finished rows ride along | {results[False][0]:.2f} | {steps_all} |")
-    print(f"| finished rows leave | {results[True][0]:.2f} | {steps_drop} |")
-    print(f"speed-up {results[False][0] / results[True][0]:.2f}x")
-    same = sum(a == b for a, b in zip(results[False][1], results[True][1], strict=True))
-    print(f"completions identical in {same} of {n} rows")
+    for _ in range(args.repeats):  # the modes interleaved, so a slower spell hits them alike
+        for name, (drop, grow) in modes.items():
+            wall, outs = run(model, tok, prompts, lengths, drop, grow)
+            best = results.get(name, (wall, outs))[0]
+            results[name] = (min(best, wall), outs)
+    steps = {True: sum(lengths), False: n * max(lengths)}
+    sizes = [len(p) for p in prompts]
+    print(
+        f"{n} rows of {min(sizes)}..{max(sizes)} tokens ({args.preset}), "
+        f"new tokens {min(lengths)}..{max(lengths)}, {args.dtype}"
+    )
+    print(f"| mode | decode seconds (best of {args.repeats}) | row-steps | vs (a) |")
+    print("|---|---|---|---|")
+    first = next(iter(results.values()))
+    for key, (name, (wall, _)) in zip("abc", results.items(), strict=True):
+        ratio = first[0] / wall
+        print(f"| ({key}) {name} | {wall:.2f} | {steps[modes[name][0]]} | {ratio:.2f}x |")
+    for name, (_, outs) in list(results.items())[1:]:
+        same = sum(a == b for a, b in zip(first[1], outs, strict=True))
+        print(f"{name}: completions identical to (a) in {same} of {n} rows")
 
 
 if __name__ == "__main__":

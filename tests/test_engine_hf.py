@@ -166,3 +166,38 @@ def test_a_new_session_borrows_the_prefix_another_has_read(model_and_tokenizer):
     short.generate([Request("x", a, max_tokens=2)])
     short.generate([Request("y", a[:20] + b[common:], max_tokens=2)])
     assert short.borrowed_tokens == 0
+
+
+def test_the_batch_cache_grown_in_place_gives_what_concatenation_gives(model_and_tokenizer):
+    _, tok = model_and_tokenizer
+    texts = ["Hi", "Where was the Amber Kite Festival held in 1962?", "List three towns.", "Go"]
+    reqs = [Request(f"g{i}", prompt(tok, t), max_tokens=5 + 6 * i) for i, t in enumerate(texts)]
+    grown, cat = engine(model_and_tokenizer), engine(model_and_tokenizer, grow_in_place=False)
+    assert grown.grow_in_place and not cat.grow_in_place  # the tiny model's layers are plain
+    a, b = grown.generate(reqs), cat.generate(reqs)
+    for x, y in zip(a, b, strict=True):
+        assert x.completion_ids == y.completion_ids
+        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
+    # the caches each session keeps after the batch are the same tensors' values
+    for r in reqs:
+        for (k1, v1), (k2, v2) in zip(
+            grown._sessions[r.session_id].kv, cat._sessions[r.session_id].kv, strict=True
+        ):
+            assert torch.equal(k1, k2) and torch.equal(v1, v2)
+
+
+def test_a_growing_layer_holds_what_concatenation_holds_past_its_room():
+    from acmrl.engines.hf import _GrowingLayer
+
+    k, v = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
+    layer = _GrowingLayer(torch.nn.functional.pad(k, (0, 0, 0, 1)), v.clone(), filled=5)
+    layer._v = torch.nn.functional.pad(layer._v, (0, 0, 0, 1))
+    want_k, want_v = k, v
+    for _ in range(3):  # one step fits the room, the next two grow the buffer
+        nk, nv = torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4)
+        got_k, got_v = layer.update(nk, nv)
+        want_k, want_v = torch.cat([want_k, nk], -2), torch.cat([want_v, nv], -2)
+        assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+    assert layer.get_seq_length() == 8
+    layer.keep_rows(torch.tensor([1]))
+    assert torch.equal(layer.keys, want_k[1:]) and torch.equal(layer.values, want_v[1:])
