@@ -139,7 +139,7 @@ SIZES = {
     # bought nothing on the dev worlds)
     "default": Size(
         preset="chain", budget=2048, train_worlds=10, train_tasks=160, eval_worlds=2,
-        eval_tasks=16, max_turns=30, max_new_tokens=96, sft_steps=200, round_tasks=0,
+        eval_tasks=16, max_turns=30, max_new_tokens=96, sft_steps=150, round_tasks=0,
         round_steps=0, grpo_steps=0, group_size=4, grpo_tasks=1, top_layers=15, per_world=True,
         annotate_arms=("acm",), timing="read", on_overflow="force_answer",
     ),
