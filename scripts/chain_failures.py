@@ -22,6 +22,7 @@ from pathlib import Path
 
 from acmrl.config import RolloutConfig, load_config
 from acmrl.eval.failures import FAILURES, failure_of, in_view, task_needs
+from acmrl.eval.run import reported_ids
 from acmrl.models import load_tokenizer
 from acmrl.rollout.environment import build_environment
 from acmrl.rollout.worker import read_trajectories
@@ -47,7 +48,12 @@ def main() -> None:
     for run in args.runs:
         cfg = load_config(RolloutConfig, run / "config.yaml")
         env = build_environment(cfg.env)
-        trajs = [t for t in read_trajectories(run / "episodes.jsonl") if t.arm == args.arm]
+        ids = reported_ids(run)  # the episodes its report covers
+        trajs = [
+            t
+            for t in read_trajectories(run / "episodes.jsonl")
+            if t.arm == args.arm and (ids is None or t.episode_id in ids)
+        ]
         ids = {t.task_id for t in trajs}
         tasks = {t.id: t for split in env.splits for t in env.tasks(split) if t.id in ids}
         needs = task_needs(env, tasks.values())

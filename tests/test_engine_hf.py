@@ -201,3 +201,5 @@ def test_a_growing_layer_holds_what_concatenation_holds_past_its_room():
     assert layer.get_seq_length() == 8
     layer.keep_rows(torch.tensor([1]))
     assert torch.equal(layer.keys, want_k[1:]) and torch.equal(layer.values, want_v[1:])
+    with pytest.raises(NotImplementedError):
+        layer.crop(-1)  # would leave the buffer behind the keys

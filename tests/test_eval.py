@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import doctest
 import json
 
@@ -12,7 +13,7 @@ import acmrl.eval.report as R
 from acmrl.config import EvalConfig
 from acmrl.engines.scripted import ScriptedEngine
 from acmrl.envs import load
-from acmrl.eval.run import compare, run_eval
+from acmrl.eval.run import compare, reported_ids, run_eval
 from acmrl.rollout.records import ContextEvent, ModelCall, Step, Trajectory
 
 
@@ -159,13 +160,24 @@ def test_eval_writes_a_full_report_and_compare_reads_two(tmp_path, tokenizer):
     # the same episodes, the report rebuilt without a model; then a "before" with a worse policy
     cfg.report_only = True
     assert run_eval(cfg)["arms"]["acm"]["pass@1"] == 1.0
-    # the same file under a plan of one arm: react's episodes stay in the file, out of the report
+    # the same file under a plan of one arm, then of fewer tasks: the other episodes stay in
+    # the file, out of the report and of episodes.csv, which other readers keep to
     one = EvalConfig(output=cfg.output, arms=["acm"], report_only=True)
     one.env, one.agent = cfg.env, cfg.agent
-    assert list(run_eval(one)["arms"]) == ["acm"]
-    assert "4 episode(s) in `episodes.jsonl` of arms or samples" in (out / "report.md").read_text()
+    report = run_eval(one)
+    assert list(report["arms"]) == ["acm"] and report["meta"]["episodes_left_out"] == 4
+    assert (
+        "4 episode(s) in `episodes.jsonl` of arms, samples or tasks"
+        in (out / "report.md").read_text()
+    )
     assert len((out / "episodes.jsonl").read_text().splitlines()) == 8
-    run_eval(cfg)  # both arms again, for what follows
+    assert len(reported_ids(out)) == 4 and all("#acm#" in i for i in reported_ids(out))
+    fewer = EvalConfig(output=cfg.output, arms=["react", "acm"], report_only=True)
+    fewer.env, fewer.agent = dataclasses.replace(cfg.env, limit=2), cfg.agent
+    report = run_eval(fewer)
+    assert report["arms"]["acm"]["tasks"] == 2 and report["meta"]["episodes_left_out"] == 4
+    run_eval(cfg)  # both arms and four tasks again, for what follows
+    assert len(reported_ids(out)) == 8
     worse = EvalConfig(output=str(tmp_path / "b"), arms=["react", "acm"])
     worse.env = cfg.env
     worse.agent.max_context_tokens = 1400

@@ -95,6 +95,12 @@ class _GrowingLayer(DynamicLayer):
         self._k, self._v = self._k.index_select(0, index), self._v.index_select(0, index)
         self._views()
 
+    def _not_here(self, *args: Any, **kwargs: Any) -> None:
+        # DynamicLayer's own edits assign ``keys``/``values`` and would leave the buffer behind
+        raise NotImplementedError("a decode batch's cache is only extended and cut by row")
+
+    crop = batch_repeat_interleave = batch_select_indices = reorder_cache = reset = _not_here
+
 
 def _kv_of(cache: Any) -> KV:
     return [(layer.keys, layer.values) for layer in cache.layers]

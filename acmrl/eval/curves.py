@@ -35,6 +35,7 @@ COLUMNS = [
 
 def stage_rows(stages: list[tuple[str, Path]]) -> list[dict[str, Any]]:
     """One row per stage and arm, from each eval folder's ``report.json`` and episodes."""
+    from acmrl.eval.run import reported_ids
     from acmrl.rollout.worker import read_trajectories
 
     rows = []
@@ -42,8 +43,10 @@ def stage_rows(stages: list[tuple[str, Path]]) -> list[dict[str, Any]]:
         report = json.loads((Path(folder) / "report.json").read_text())
         points: dict[str, list[float]] = {}
         episodes = Path(folder) / "episodes.jsonl"
+        ids = reported_ids(folder)
         for t in read_trajectories(episodes) if episodes.exists() else []:
-            points.setdefault(t.arm, []).extend(t.compaction_points())
+            if ids is None or t.episode_id in ids:  # the episodes the report covers
+                points.setdefault(t.arm, []).extend(t.compaction_points())
         for arm, s in report["arms"].items():
             p = points.get(arm, [])
             rows.append(

@@ -21,7 +21,7 @@ from acmrl.engines.base import Engine
 from acmrl.eval.failures import FAILURES, Needs, task_needs
 from acmrl.eval.report import build_report, mcnemar, paired_bootstrap, rows_from
 from acmrl.rollout.prompts import DEFAULT_BUDGET
-from acmrl.rollout.worker import read_trajectories, run_rollout
+from acmrl.rollout.worker import planned_ids, read_trajectories, run_rollout
 
 EPISODES = "episodes.jsonl"
 
@@ -57,26 +57,32 @@ def _budget_of(cfg: EvalConfig) -> Any:
     return budget
 
 
-def needs_of(cfg: EvalConfig, ids: set[str]) -> dict[str, Needs] | None:
-    """What each of the tasks ``ids`` needs (:func:`~acmrl.eval.failures.task_needs`): the
-    documents its expert plan reads, the text its answer is read from, and whether that is a
-    detail a later document selects (kb_search chain's recall questions, which a summary written
-    before cannot know to keep and ``query_memory`` can bring back); None when the environment
-    cannot be loaded here (the report then leaves the archive figures out and tells failures
-    apart less finely, and says so)."""
+def _environment(cfg: EvalConfig) -> Any:
+    """The eval's environment, or None when it cannot be loaded here (a report of finished
+    episodes never fails for this: it leaves the archive figures out, tells failures apart
+    less finely and filters the episodes by arm and sample only, and says so)."""
     from acmrl.rollout.environment import build_environment
 
     try:
-        env = build_environment(cfg.env)
-        tasks = [t for split in env.splits for t in env.tasks(split) if t.id in ids]
-    except Exception as exc:  # a report of finished episodes never fails for this
+        return build_environment(cfg.env)
+    except Exception as exc:
         warnings.warn(
             f"{cfg.env.name} did not load ({exc!r}): no archived-detail figures, and failures "
             "told apart only as over the budget, no answer or other answer",
-            stacklevel=2,
+            stacklevel=3,
         )
         return None
-    return task_needs(env, tasks)
+
+
+def needs_of(env: Any, ids: set[str]) -> dict[str, Needs] | None:
+    """What each of the tasks ``ids`` of ``env`` needs (:func:`~acmrl.eval.failures.task_needs`):
+    the documents its expert plan reads, the text its answer is read from, and whether that is
+    a detail a later document selects (kb_search chain's recall questions, which a summary
+    written before cannot know to keep and ``query_memory`` can bring back); None without an
+    environment."""
+    if env is None:
+        return None
+    return task_needs(env, [t for split in env.splits for t in env.tasks(split) if t.id in ids])
 
 
 def _oracle(cfg: EvalConfig) -> Engine:
@@ -92,15 +98,31 @@ def _oracle(cfg: EvalConfig) -> Engine:
     return oracle_engine(env, load_tokenizer(cfg.model.name), budget)
 
 
-def in_plan(cfg: EvalConfig, trajs: list[Any]) -> tuple[list[Any], int]:
-    """The episodes of ``cfg``'s arms and samples, and how many others the file holds.
+def in_plan(cfg: EvalConfig, trajs: list[Any], env: Any = None) -> tuple[list[Any], int]:
+    """The episodes ``cfg`` asks for, and how many others the file holds.
 
-    An eval resumed under another plan (an arm dropped, fewer samples) keeps the other
-    episodes in ``episodes.jsonl``; the report covers only what the config asks for, so a
-    figure never mixes in an arm or sample the config does not name."""
-    arms = set(cfg.arms)
-    kept = [t for t in trajs if t.arm in arms and t.sample < cfg.samples]
+    An eval resumed under another plan (an arm dropped, fewer samples, fewer tasks or another
+    split) keeps the other episodes in ``episodes.jsonl``; the report covers only what the
+    config asks for, so a figure never mixes in an arm, sample or task the config does not
+    name. Without the environment (``env`` None) the tasks cannot be listed: arms and samples
+    only."""
+    if env is not None:
+        planned = set(planned_ids(rollout_config(cfg), env))
+        kept = [t for t in trajs if t.episode_id in planned]
+    else:
+        arms = set(cfg.arms)
+        kept = [t for t in trajs if t.arm in arms and t.sample < cfg.samples]
     return kept, len(trajs) - len(kept)
+
+
+def reported_ids(folder: str | Path) -> set[str] | None:
+    """The episode ids a results folder's report covers (its ``episodes.csv``), None for a
+    folder without one: what reads ``episodes.jsonl`` beside the report keeps to these."""
+    path = Path(folder) / "episodes.csv"
+    if not path.is_file():
+        return None
+    with path.open(newline="") as f:
+        return {row["episode_id"] for row in csv.DictReader(f)}
 
 
 def run_eval(cfg: EvalConfig, engine: Engine | None = None) -> dict[str, Any]:
@@ -114,10 +136,11 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None) -> dict[str, Any]:
     path = out / EPISODES
     if not path.exists():
         raise ValueError(f"{path} does not exist: run the eval first (report_only=false)")
-    trajs, left_out = in_plan(cfg, read_trajectories(path))
+    env = _environment(cfg)
+    trajs, left_out = in_plan(cfg, read_trajectories(path), env)
     if not trajs:
-        raise ValueError(f"{path} holds no episodes of arms {list(cfg.arms)}")
-    rows = rows_from(trajs, _budget_of(cfg), needs_of(cfg, {t.task_id for t in trajs}))
+        raise ValueError(f"{path} holds no episodes of this config's arms, samples and tasks")
+    rows = rows_from(trajs, _budget_of(cfg), needs_of(env, {t.task_id for t in trajs}))
     meta = {
         "model": cfg.model.name,
         "env": cfg.env.name,
@@ -469,8 +492,8 @@ def report_markdown(report: dict[str, Any], figures: list[str]) -> str:
         )
         + f" {overflow_rule(m)}"
         + (
-            f" {m['episodes_left_out']} episode(s) in `episodes.jsonl` of arms or samples this "
-            "config does not ask for (an earlier run of another plan) are left out."
+            f" {m['episodes_left_out']} episode(s) in `episodes.jsonl` of arms, samples or tasks "
+            "this config does not ask for (an earlier run of another plan) are left out."
             if m.get("episodes_left_out")
             else ""
         ),

@@ -23,10 +23,16 @@ from acmrl.rollout.records import fact_retention
 
 
 def _episodes(folder: Path) -> list[dict[str, Any]]:
+    """The folder's episodes its report covers (``reported_ids``: not those of an earlier plan
+    that stay in ``episodes.jsonl``)."""
+    from acmrl.eval.run import reported_ids
+
     path = folder / "episodes.jsonl"
     if not path.is_file():
         raise ValueError(f"{folder} has no episodes.jsonl: give a folder acmrl eval wrote")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    ids = reported_ids(folder)
+    out = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [t for t in out if ids is None or t["episode_id"] in ids]
 
 
 def episode_figures(
