@@ -183,27 +183,25 @@ def summary_rows(trajectories: Iterable[Trajectory]) -> list[dict[str, Any]]:
     return rows
 
 
+def _plan(cfg: RolloutConfig, env: Environment) -> Iterator[tuple[Any, str, int, str]]:
+    """(task, arm, sample, episode id) of every episode ``cfg`` asks for, in plan order."""
+    for task in env.tasks(cfg.env.split)[: cfg.env.limit]:
+        for arm in cfg.arms:
+            for sample in range(cfg.samples):
+                yield task, arm, sample, episode_id(task.id, arm, sample)
+
+
 def planned_ids(cfg: RolloutConfig, env: Environment) -> list[str]:
     """The episode ids ``cfg`` asks for, in plan order (tasks, then arms, then samples)."""
-    return [
-        episode_id(task.id, arm, sample)
-        for task in env.tasks(cfg.env.split)[: cfg.env.limit]
-        for arm in cfg.arms
-        for sample in range(cfg.samples)
-    ]
+    return [eid for *_, eid in _plan(cfg, env)]
 
 
 def plan_episodes(
     cfg: RolloutConfig, env: Environment, tokenizer: Any, skip: set[str]
 ) -> Iterator[Episode]:
-    tasks = env.tasks(cfg.env.split)[: cfg.env.limit]
-    for task in tasks:
-        for arm in cfg.arms:
-            for sample in range(cfg.samples):
-                eid = episode_id(task.id, arm, sample)
-                if eid in skip:
-                    continue
-                yield make_episode(cfg, eid, env, task, arm, sample, tokenizer)
+    for task, arm, sample, eid in _plan(cfg, env):
+        if eid not in skip:
+            yield make_episode(cfg, eid, env, task, arm, sample, tokenizer)
 
 
 def _tensorboard(cfg: RolloutConfig) -> Any:
