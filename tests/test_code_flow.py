@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -105,13 +106,18 @@ FILES = {
 }
 
 
+def _write(root: Path, files: dict[str, str], pad: int | None = None) -> Path:
+    """Write ``files`` under ``root``, each ``def`` padded with ``pad`` docstring lines."""
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip() if pad is None else _padded(text, pad))
+    return root
+
+
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    for rel, text in FILES.items():
-        path = tmp_path / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text).lstrip())
-    return tmp_path
+    return _write(tmp_path, FILES)
 
 
 def test_arg_flow_questions_are_the_unguessable_ones(root):
@@ -213,24 +219,32 @@ def _padded(text: str, n: int) -> str:
     return "\n".join(out) + "\n"
 
 
+def _audit_config(
+    tmp_path: Path, model: Path, files: dict[str, str], pad: int, preset: str, budget: int
+) -> Any:
+    """An audit of ``files`` (each ``def`` padded with ``pad`` docstring lines) under the
+    preset, every question in the eval split: react, summary and acm, and the two trivial
+    strategies that read the call."""
+    from acmrl.config import AuditConfig
+
+    _write(tmp_path / "code", files, pad)
+    cfg = AuditConfig(output=str(tmp_path / "audit"))
+    cfg.model.name = str(model)
+    cfg.env.name = "code_nav"
+    cfg.env.options = {"root": str(tmp_path / "code"), "preset": preset, "eval_frac": 1.0}
+    cfg.agent.max_context_tokens = budget
+    cfg.arms = ["react", "summary", "acm"]
+    cfg.trivial = ["first_argument", "random_argument"]
+    return cfg
+
+
 def test_audit_of_the_chain_preset(tmp_path, default_model_dir):
     """On long definitions three windows overflow react; summary and acm carry the call's
     line in their notes and answer; a guess among the call's arguments is what reading one
     definition buys."""
-    from acmrl.config import AuditConfig
     from acmrl.eval.audit import run_audit
 
-    for rel, text in FILES.items():
-        path = tmp_path / "code" / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(_padded(text, 24))
-    cfg = AuditConfig(output=str(tmp_path / "audit"))
-    cfg.model.name = str(default_model_dir)
-    cfg.env.name = "code_nav"
-    cfg.env.options = {"root": str(tmp_path / "code"), "preset": "chain", "eval_frac": 1.0}
-    cfg.agent.max_context_tokens = 1600
-    cfg.arms = ["react", "summary", "acm"]
-    cfg.trivial = ["first_argument", "random_argument"]
+    cfg = _audit_config(tmp_path, default_model_dir, FILES, 24, "chain", 1600)
     report = run_audit(cfg)
     rows = {(r["strategy"], r["arm"]): r for r in report["strategies"]}
     assert report["tasks"] == 3
@@ -253,3 +267,136 @@ def test_a_mixture_asks_its_members_for_notes_and_reads(root):
         "post/desk.py:9: route(handle, letter.address, letter.body)"
     ]
     assert mix.read_tools == ("read_file", "open")
+
+
+USE_FILES = {
+    "net/__init__.py": "",
+    "net/app.py": """
+        from net.link import connect, noisy
+
+
+        def start(settings, host_name, port_no):
+            log = settings.log
+            connect(host_name, settings.retries, port_no)
+
+
+        def restart(host_name, tries, port_no):
+            connect(host_name, tries, port_no)
+
+
+        def again(host_name, port_no):
+            noisy(host_name, port_no)
+    """,
+    "net/link.py": """
+        from net.sock import open_socket
+
+
+        def connect(host, tries, port):
+            open_socket(port, host, tries)
+
+
+        def noisy(host, port):
+            print(host)
+            open_socket(port, host, 1)
+    """,
+    "net/sock.py": """
+        def open_socket(p, h, attempts):
+            if attempts < 1:
+                raise ValueError(attempts)
+            addr = (h, p)
+            return addr
+    """,
+    "net/near.py": """
+        def outer(a, b):
+            inner(b, a)
+
+
+        def inner(x, y):
+            helper(y)
+
+
+        def helper(z):
+            return z + 1
+    """,
+}
+
+
+@pytest.fixture
+def use_root(tmp_path: Path) -> Path:
+    return _write(tmp_path, USE_FILES)
+
+
+def test_first_use_follows_a_call_by_its_line_to_the_first_read(use_root):
+    """start's line 6 -> connect -> open_socket: open_socket reads attempts first (line 2),
+    connect's tries, start's settings.retries. noisy hands its values to two calls (print and
+    open_socket), so "the function it hands them on to" names none: not asked. near.py's chain
+    is asked only when no window shows two of its three definitions' spans."""
+    env = load("code_nav", root=use_root, preset="trace", eval_frac=0.0)
+    assert env.window == 50 and env.max_context_tokens == 2200
+    tasks = {t.prompt.split(" ")[1]: t for t in env.tasks("train")}
+    assert sorted(tasks) == ["10", "6"]  # start's call and restart's; not again's, not near.py
+    task = tasks["6"]
+    assert task.answer == "settings.retries, line 2"
+    assert task.prompt.startswith("Line 6 of `net/app.py` (in `start`) calls a function")
+    assert "connect" not in task.prompt and "open_socket" not in task.prompt
+    assert tasks["10"].answer == "tries, line 2"
+    assert task.metadata["arguments"] == ["host_name", "settings.retries", "port_no"]
+    assert [e.text for e in env.answer_evidence(task)] == [
+        "connect(host_name, settings.retries, port_no)",
+        "def connect(host, tries, port):",
+        "open_socket(port, host, tries)",
+        "def open_socket(p, h, attempts):",
+        "if attempts < 1:",
+    ]
+    plan = env.oracle_plan(task)
+    assert plan[0] == ("read_file", {"path": "net/app.py", "start": 6})
+    assert [n for n, _ in plan] == ["read_file"] + ["find_def", "read_file"] * 2 + ["answer"]
+    session = env.session(task)
+    shown = [str(session.call(n, a)) for n, a in plan]
+    assert session.score() == 1.0
+    assert env.notes_of(task, shown[4]) == [
+        "net/sock.py:1: def open_socket(p, h, attempts):",
+        "net/sock.py:2: if attempts < 1:",
+    ]
+    for good in ("settings.retries, line 2", "`settings . retries` on line 2.", "settings.retries line 2"):  # fmt: skip
+        assert env.score(task, good) == 1.0, good
+    for bad in ("settings.retries", "settings.retries, line 3", "tries, line 2", "line 2"):
+        assert env.score(task, bad) == 0.0, bad
+    # dev and test halve the eval split by group (an h -> k pair is never in both)
+    every = load("code_nav", root=use_root, preset="trace", eval_frac=1.0, max_read_lines=3)
+    dev, test = every.tasks("dev"), every.tasks("test")
+    assert sorted(t.id for t in dev + test) == sorted(t.id for t in every.tasks("eval"))
+    assert {t.metadata["split"] for t in dev} <= {"dev"} and len(dev + test) == 3
+    group = {t.id: every._questions[t.id].group for t in dev + test}
+    assert not {group[t.id] for t in dev} & {group[t.id] for t in test}
+    # three-line windows show no two of near.py's spans together: its chain is asked too
+    near = load("code_nav", root=use_root, preset="trace", eval_frac=0.0, max_read_lines=3)
+    (outer,) = [t for t in near.tasks("train") if "near.py" in t.prompt]
+    assert outer.answer == "a, line 10" and outer.metadata["arguments"] == ["b", "a"]
+
+
+def test_audit_of_the_trace_preset(tmp_path, default_model_dir):
+    """On long definitions react overflows before the third read; summary and acm keep the
+    call's arguments and each hop in their notes and answer; the trivial strategies know no
+    line of the last function; react's noted ceiling answers only where the budget lets it
+    see the last two definitions."""
+    from acmrl.eval.audit import run_audit
+
+    files = {rel: text for rel, text in USE_FILES.items() if rel != "net/near.py"}
+    cfg = _audit_config(tmp_path, default_model_dir, files, 40, "trace", 1900)
+    report = run_audit(cfg)
+    rows = {(r["strategy"], r["arm"]): r for r in report["strategies"]}
+    assert report["tasks"] == 2
+    assert rows[("ceiling", "react")]["pass@1"] == 0.0
+    for arm in ("summary", "acm"):
+        assert rows[("ceiling", arm)]["pass@1"] == 1.0, arm
+    assert rows[("noted", "react")]["pass@1"] == 0.0  # notes do not bring the third read
+    for name in ("first_argument", "random_argument"):
+        assert rows[(name, "react")]["pass@1"] == 0.0, name
+    # with room for the last two definitions, react reads all three; the overflow rule then
+    # drops the first read, and only the react whose thoughts repeated its lines answers
+    cfg.output, cfg.agent.max_context_tokens = str(tmp_path / "audit2"), 2300
+    cfg.arms, cfg.trivial = ["react"], []
+    rows = {r["strategy"]: r for r in run_audit(cfg)["strategies"]}
+    assert rows["ceiling"]["tool_calls"] == rows["noted"]["tool_calls"] == 6.0
+    assert (rows["ceiling"]["pass@1"], rows["noted"]["pass@1"]) == (0.0, 1.0)

@@ -160,6 +160,7 @@ class Flow:
     evidence: tuple[str, ...]  # the lines (stripped) that show the answer's chain
     h_sig: tuple[int, int]  # first and last line of h's signature
     k_sig: tuple[int, int]
+    k_use: int | None = None  # first_use: the line of k's body that first uses the value
 
 
 def _signature(fn: ast.FunctionDef, lines: list[str]) -> tuple[int, int]:
@@ -178,28 +179,65 @@ def _line(mod_lines: list[str], n: int) -> str:
     return mod_lines[n - 1].strip()
 
 
+_Bound = dict[str, tuple[ast.expr, int | None]]
+
+
+def _outer_calls(
+    res: _Resolver, fns: list[Fn], min_args: int = 2, alone: bool = False
+) -> Iterator[tuple[Fn, ast.Call, Fn, _Bound, list[str]]]:
+    """Every call of one function ``f`` to another, ``h``, that a question can start from:
+    ``f`` calls ``h`` once, ``h`` is :func:`_simple`, the call binds to ``h``'s signature and
+    passes at least ``min_args`` arguments, written differently; with ``alone``, no other call
+    that resolves starts on the call's line (so the line names the call). Yields ``(f, call,
+    h, bound, texts)``: ``h``'s parameters bound to the call's arguments, and the arguments as
+    written."""
+    for f in fns:
+        local_f = _locals(f.node)
+        calls = [(c, res.callee(f, c, local_f)) for c in _inside(f.node) if isinstance(c, ast.Call)]
+        counts: dict[int, int] = {}
+        starts: dict[int, int] = {}
+        for c, h in calls:
+            if h is not None:
+                counts[id(h.node)] = counts.get(id(h.node), 0) + 1
+                starts[c.lineno] = starts.get(c.lineno, 0) + 1
+        for call, h in calls:
+            if h is None or h.node is f.node or counts[id(h.node)] != 1 or not _simple(h.node):
+                continue
+            if alone and starts[call.lineno] != 1:
+                continue
+            bound = _bind(call, h)
+            texts = [ast.unparse(a) for a in _values(call)]
+            if bound is None or len(texts) < min_args or len(set(texts)) != len(texts):
+                continue
+            yield f, call, h, bound, texts
+
+
+def _values(call: ast.Call) -> list[ast.expr]:
+    """A call's arguments: the positional ones, then the keywords' values."""
+    return [*call.args, *(k.value for k in call.keywords)]
+
+
+def _inner_calls(res: _Resolver, f: Fn, h: Fn) -> Iterator[tuple[ast.Call, Fn]]:
+    """``h``'s calls to a function ``k`` (neither ``f`` nor ``h``) that it calls once, that is
+    :func:`_simple` and whose signature the call binds to."""
+    local_h = _locals(h.node)
+    inner = [(c, res.callee(h, c, local_h)) for c in _inside(h.node) if isinstance(c, ast.Call)]
+    for c2, k in inner:
+        if k is None or k.node in (h.node, f.node) or not _simple(k.node):
+            continue
+        if sum(other is not None and other.node is k.node for _, other in inner) != 1:
+            continue
+        if _bind(c2, k) is not None:
+            yield c2, k
+
+
 def arg_flow(modules: dict[str, Module], fns: list[Fn]) -> list[tuple[Question, Flow]]:
     """Every ``arg_flow`` question of the code base (``fns``: its :func:`functions`)."""
     res = _Resolver(modules, fns)
     out: list[tuple[Question, Flow]] = []
     seen: set[str] = set()
-    for f in fns:
-        local_f = _locals(f.node)
-        calls = [(c, res.callee(f, c, local_f)) for c in _inside(f.node) if isinstance(c, ast.Call)]
-        counts: dict[int, int] = {}
-        for _, h in calls:
-            if h is not None:
-                counts[id(h.node)] = counts.get(id(h.node), 0) + 1
-        for call, h in calls:
-            if h is None or h.node is f.node or counts[id(h.node)] != 1 or not _simple(h.node):
-                continue
-            bound = _bind(call, h)
-            texts = [ast.unparse(a) for a in call.args] + [
-                ast.unparse(k.value) for k in call.keywords
-            ]
-            if bound is None or len(texts) < 2 or len(set(texts)) != len(texts):
-                continue
-            out += _from_h(res, f, call, h, bound, texts, seen)
+    for f, call, h, bound, texts in _outer_calls(res, fns):
+        out += _from_h(res, f, call, h, bound, texts, seen)
     return out
 
 
@@ -214,16 +252,8 @@ def _from_h(
 ) -> list[tuple[Question, Flow]]:
     stored = _stored(h.node)
     params = set(h.positional()) | {a.arg for a in h.node.args.kwonlyargs}
-    local_h = _locals(h.node)
-    inner = [(c, res.callee(h, c, local_h)) for c in _inside(h.node) if isinstance(c, ast.Call)]
     out = []
-    for c2, k in inner:
-        if k is None or k.node in (h.node, f.node) or not _simple(k.node):
-            continue
-        if sum(other is not None and other.node is k.node for _, other in inner) != 1:
-            continue
-        if _bind(c2, k) is None:
-            continue
+    for c2, k in _inner_calls(res, f, h):
         passed = [
             (j, a.id)
             for j, a in enumerate(c2.args)
@@ -282,3 +312,131 @@ def _from_h(
             q_.group = f"arg_flow:{h.mod.name}:{h.qual}:{k.qual}"  # one split per h -> k
             out.append((q_, flow))
     return out
+
+
+def first_load(k: Fn, name: str) -> int | None:
+    """The first line of ``k``'s own body (nested scopes aside) that reads ``name``."""
+    lines = [
+        n.lineno
+        for n in _inside(k.node)
+        if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+    ]
+    return min(lines, default=None)
+
+
+def _apart(spans: list[tuple[str, int, int]], window: int) -> bool:
+    """Whether no window of ``window`` lines shows two of the spans ``(path, first, last)``."""
+    return all(
+        a[0] != b[0] or max(a[2], b[2]) - min(a[1], b[1]) >= window
+        for i, a in enumerate(spans)
+        for b in spans[i + 1 :]
+    )
+
+
+def first_use(
+    modules: dict[str, Module], fns: list[Fn], window: int = 50
+) -> list[tuple[Question, Flow]]:
+    """Every ``first_use`` question of the code base (``fns``: its :func:`functions`): line
+    ``N`` of ``f`` calls ``h``, which hands values it received on to one other function,
+    ``k``; which of the call's arguments does ``k`` read first, and on which line? The question
+    names only ``f``'s file and the line, so the three reads follow each other: ``f``'s call
+    names ``h`` and binds its arguments to ``h``'s parameters, ``h``'s body names ``k`` and
+    which parameter goes where, ``k``'s body shows which it reads first; the call's arguments,
+    seen first, are needed at the end, and which of them matters is known only there.
+
+    A question is kept where the line names the call (no other call on it resolves), exactly
+    one call of ``h`` receives any of the parameters the call binds (not reassigned first; the
+    call resolves to ``k``), ``k``'s first read of them is on a line of its own, the argument
+    is not a constant, and each needed span (the call; ``h`` from its ``def`` to its call of
+    ``k``; ``k`` from its ``def`` to the read) fits one ``window`` while no window shows two
+    of them, so three reads are needed."""
+    res = _Resolver(modules, fns)
+    out: list[tuple[Question, Flow]] = []
+    seen: set[str] = set()
+    for f, call, h, bound, texts in _outer_calls(res, fns, min_args=1, alone=True):
+        given = {p for p in bound if p not in _stored(h.node)}
+        receiving = [
+            c
+            for c in _inside(h.node)
+            if isinstance(c, ast.Call)
+            and any(isinstance(a, ast.Name) and a.id in given for a in _values(c))
+        ]
+        if len(receiving) != 1:
+            continue
+        c2 = receiving[0]
+        k = res.callee(h, c2, _locals(h.node))
+        if k is None or k.node in (h.node, f.node) or not _simple(k.node):
+            continue
+        to_k = _bind(c2, k)
+        if to_k is None:
+            continue
+        recv = {q: a.id for q, (a, _) in to_k.items() if isinstance(a, ast.Name) and a.id in given}
+        uses = {q: first_load(k, q) for q in recv}
+        if not uses or any(n is None for n in uses.values()):
+            continue
+        line = min(n for n in uses.values() if n is not None)
+        firsts = [q for q, n in uses.items() if n == line]
+        arg = bound[recv[firsts[0]]][0]
+        if len(firsts) != 1 or isinstance(arg, ast.Constant):
+            continue
+        h_sig, k_sig = _signature(h.node, h.mod.lines), _signature(k.node, k.mod.lines)
+        spans = [
+            (f.mod.rel, call.lineno, call.end_lineno or call.lineno),
+            (h.mod.rel, h_sig[0], c2.end_lineno or c2.lineno),
+            (k.mod.rel, k_sig[0], line),
+        ]
+        if any(b - a >= window for _, a, b in spans) or not _apart(spans, window):
+            continue
+        key = f"first_use:{f.mod.name}:{f.qual}:{call.lineno}"
+        if key not in seen:
+            seen.add(key)
+            out.append(_use_question(f, call, h, c2, k, texts, arg, recv[firsts[0]], line, key))
+    return out
+
+
+def _use_question(
+    f: Fn,
+    call: ast.Call,
+    h: Fn,
+    c2: ast.Call,
+    k: Fn,
+    texts: list[str],
+    arg: ast.expr,
+    p: str,
+    line: int,
+    key: str,
+) -> tuple[Question, Flow]:
+    fl, hl, kl = (x.mod.lines for x in (f, h, k))
+    h_sig, k_sig = _signature(h.node, hl), _signature(k.node, kl)
+    passes = [a for a in _values(c2) if getattr(a, "id", None) == p]
+    f_call = (call.lineno, call.end_lineno or call.lineno)
+    lines = [
+        *(_line(fl, n) for n in range(f_call[0], f_call[1] + 1)),
+        *(_line(hl, n) for n in range(h_sig[0], h_sig[1] + 1)),
+        *(_line(hl, a.lineno) for a in passes[:1]),
+        *(_line(kl, n) for n in range(k_sig[0], k_sig[1] + 1)),
+        _line(kl, line),
+    ]
+    flow = Flow(
+        (f.mod.rel, f.qual, f.node.lineno),
+        (h.mod.rel, h.qual, h.node.lineno),
+        (k.mod.rel, k.qual, k.node.lineno),
+        f_call,
+        (c2.lineno, c2.end_lineno or c2.lineno),
+        tuple(texts),
+        tuple(dict.fromkeys(x for x in lines if x)),
+        h_sig,
+        k_sig,
+        k_use=line,
+    )
+    answer = f"{ast.unparse(arg)}, line {line}"
+    prompt = (
+        f"Line {call.lineno} of `{f.mod.rel}` (in `{f.qual}`) calls a function of this code "
+        "base, which hands some of the values it receives on to one other function. Of the "
+        "arguments of that call, which one does that other function read first, and on which "
+        "line of its file? Answer as: <the argument as the call writes it>, line <number>."
+    )
+    files = list(dict.fromkeys([f.mod.rel, h.mod.rel, k.mod.rel]))
+    q_ = Question("first_use", key, prompt, answer, answer, files, [])
+    q_.group = f"first_use:{h.mod.name}:{h.qual}:{k.qual}"  # one split per h -> k
+    return q_, flow

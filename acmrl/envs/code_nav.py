@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.util
 import os
 import random
 import re
@@ -22,7 +23,7 @@ from typing import Any
 
 from acmrl.context.render import tool_schema
 from acmrl.envs.base import EnvError, Environment, Evidence, Handler, Plan, Task, ToolError
-from acmrl.envs.code_flow import Flow, Fn, arg_flow, functions
+from acmrl.envs.code_flow import Flow, Fn, arg_flow, first_use, functions
 from acmrl.envs.code_questions import TEMPLATES, Question, find_questions, index_modules
 from acmrl.envs.scoring import Judge
 
@@ -43,6 +44,14 @@ DEFAULT_EXCLUDE = (
 
 def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"]).resolve()
+
+
+def package_root(name: str) -> Path:
+    """The directory of an installed package (the ``trace`` preset's code base is torch's)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise EnvError(f"code_nav: no installed package {name!r} to read (pass root=...)")
+    return Path(next(iter(spec.submodule_search_locations))).resolve()
 
 
 class CodeTree:
@@ -168,14 +177,22 @@ class CodeTree:
         return "\n".join(hits)
 
 
-ALL_TEMPLATES = (*TEMPLATES, "arg_flow")
+ALL_TEMPLATES = (*TEMPLATES, "arg_flow", "first_use")
+FLOW_TEMPLATES = ("arg_flow", "first_use")  # three definitions each (code_flow.py)
 _WINDOW = re.compile(r"^(\S+) lines \d+-\d+ of \d+")  # read_file's first line
 _NUMBERED = re.compile(r"^\s*(\d+)\| (.*)$", re.MULTILINE)
 
-# the chain preset: questions whose three reads do not fit the budget together (docs/envs.md)
+# chain and trace: questions whose three reads do not fit the budget together (docs/envs.md);
+# root None is this interpreter's standard library, else the installed package of that name
 PRESETS: dict[str | None, dict[str, Any]] = {
     None: {"templates": tuple(TEMPLATES), "window": None, "max_context_tokens": 8192},
     "chain": {"templates": ("arg_flow",), "window": 30, "max_context_tokens": 2048},
+    "trace": {
+        "templates": ("first_use",),
+        "window": 50,
+        "max_context_tokens": 2200,
+        "root": "torch",
+    },
 }
 
 
@@ -186,6 +203,25 @@ def _same_expression(answer: str, expected: str) -> bool:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
     return ast.dump(got) == ast.dump(ast.parse(expected, mode="eval"))
+
+
+_USE = re.compile(r"^(.*?)[\s,;]*\b(?:on\s+)?line\s*:?\s*(\d+)\W*$", re.I | re.S)
+
+
+def _same_use(answer: str, expected: str) -> bool:
+    """first_use: ``<argument>, line <n>`` with the argument the same Python expression as the
+    expected one (spacing and quotes aside) and the same line.
+
+    >>> _same_use("self._buf , line 42", "self._buf, line 42"), _same_use("buf, line 42", "self._buf, line 42")
+    (True, False)
+    >>> _same_use("`self._buf` on line 42.", "self._buf, line 42"), _same_use("self._buf, line 41", "self._buf, line 42")
+    (True, False)
+    """
+    got, want = _USE.match(answer.strip().strip("`")), _USE.match(expected)
+    if got is None or want is None:
+        return False
+    same_line = int(got.group(2)) == int(want.group(2))
+    return same_line and _same_expression(got.group(1).strip("` ,;"), want.group(1))
 
 
 def _split_of(key: str, eval_frac: float) -> str:
@@ -217,12 +253,15 @@ class CodeNav(Environment):
         judge: Judge | None = None,
     ) -> None:
         super().__init__(metric=metric, judge=judge)
-        root_path = Path(root).expanduser().resolve() if root is not None else stdlib_root()
-        if not root_path.is_dir():
-            raise EnvError(f"code_nav root={str(root)!r} is not a directory")
         if preset not in PRESETS:
             raise EnvError(f"code_nav has no preset {preset!r}; presets: {list(PRESETS)}")
         p = PRESETS[preset]
+        if root is not None:
+            root_path = Path(root).expanduser().resolve()
+        else:
+            root_path = package_root(p["root"]) if p.get("root") else stdlib_root()
+        if not root_path.is_dir():
+            raise EnvError(f"code_nav root={str(root)!r} is not a directory")
         templates = tuple(templates) if templates is not None else p["templates"]
         unknown = sorted(set(templates) - set(ALL_TEMPLATES))
         if unknown:
@@ -249,17 +288,17 @@ class CodeNav(Environment):
             root_path, files, classic, check_imports=check_imports, modules=modules
         )
         self._flows: dict[str, Flow] = {}
-        fns = functions(modules) if self.window or "arg_flow" in templates else []
+        flowing = [t for t in templates if t in FLOW_TEMPLATES]
+        fns = functions(modules) if self.window or flowing else []
         self._defs: list[Fn] = fns if self.window else []
-        if "arg_flow" in templates:
-            flows = arg_flow(modules, fns)
+        for template in flowing:
+            flows = (
+                first_use(modules, fns, self.window or 50)
+                if template == "first_use"
+                else arg_flow(modules, fns)
+            )
             n = len(flows)
-            self.report["arg_flow"] = {
-                "candidates": n,
-                "confirmed": 0,
-                "mismatch": 0,
-                "ast_only": n,
-            }
+            self.report[template] = {"candidates": n, "confirmed": 0, "mismatch": 0, "ast_only": n}
             for q, flow in flows:
                 questions.append(q)
                 self._flows[q.key] = flow
@@ -271,6 +310,13 @@ class CodeNav(Environment):
             if limit is not None:
                 chosen = chosen[:limit]
             self._tasks[split] = [self._task(split, q) for q in chosen]
+        # dev and test halve the eval split by group: settings and checkpoints are chosen on
+        # dev, reports are read on test (never used for a choice)
+        for q in (self._questions[t.id] for t in list(self._tasks["eval"])):
+            half = "dev" if _split_of(f"{q.group or q.key}#dev", 0.5) == "eval" else "test"
+            self._tasks.setdefault(half, []).append(self._task(half, q))
+        for half in ("dev", "test"):
+            self._tasks.setdefault(half, [])
 
     def _task(self, split: str, q: Question) -> Task:
         task_id = f"code_nav/{q.template}/{hashlib.sha1(q.key.encode()).hexdigest()[:12]}"
@@ -368,14 +414,19 @@ class CodeNav(Environment):
 
     def _flow_plan(self, flow: Flow) -> Plan:
         """Find each definition and read windows from its ``def`` until the line that matters
-        (the call in ``f`` and ``h``, the signature of ``k``) has been shown whole."""
+        (the call in ``f`` and ``h``, the signature of ``k`` or, for first_use, the line where
+        ``k`` first reads the value) has been shown whole. first_use names the call's line,
+        so ``f`` is read from there, unsearched."""
         width = self.tree.max_lines
         plan: Plan = []
         for (path, qual, line), last in (
             (flow.f, flow.f_call[1]),
             (flow.h, flow.h_call[1]),
-            (flow.k, flow.k_sig[1]),
+            (flow.k, max(flow.k_sig[1], flow.k_use or 0)),
         ):
+            if flow.k_use is not None and (path, qual, line) == flow.f:
+                plan.append(("read_file", {"path": path, "start": flow.f_call[0]}))
+                continue
             plan.append(("find_def", {"name": qual, "path": path}))
             start = line
             while True:
@@ -405,6 +456,7 @@ class CodeNav(Environment):
             (flow.h[0], flow.h_sig),
             (flow.h[0], flow.h_call),
             (flow.k[0], flow.k_sig),
+            *([(flow.k[0], (flow.k_use, flow.k_use))] if flow.k_use else []),
         ]
         wanted = {(path, n) for path, (a, b) in spans for n in range(a, b + 1)}
         out = []
@@ -424,12 +476,11 @@ class CodeNav(Environment):
     def score(self, task: Task, answer: str | None) -> float:
         """Parameter defaults compare as Python values (``-1`` is not ``1``, ``'a'`` is ``"a"``),
         arg_flow arguments as expressions (``d[ 'k' ]`` is ``d["k"]``)."""
-        if (
-            answer is not None
-            and self.judge is None
-            and task.metadata.get("template") == "arg_flow"
-        ):
+        template = task.metadata.get("template")
+        if answer is not None and self.judge is None and template == "arg_flow":
             return float(_same_expression(answer, str(task.answer)))
+        if answer is not None and self.judge is None and template == "first_use":
+            return float(_same_use(answer, str(task.answer)))
         if answer is not None and self.judge is None and "literal" in task.metadata:
             literal = task.metadata["literal"]
             if literal is not None:

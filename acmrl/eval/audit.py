@@ -31,8 +31,12 @@ EPISODES = "episodes.jsonl"
 
 
 def strategies(cfg: AuditConfig) -> list[tuple[str, str]]:
-    """``(strategy, arm)`` pairs in report order: the arms' ceilings, then the trivial ones."""
-    return [("ceiling", arm) for arm in cfg.arms] + [(t, "react") for t in cfg.trivial]
+    """``(strategy, arm)`` pairs in report order: the arms' ceilings (react's twice: as is and
+    ``noted``, its thoughts repeating the evidence it read), then the trivial ones."""
+    ceilings = [("ceiling", arm) for arm in cfg.arms]
+    if "react" in cfg.arms:
+        ceilings.insert(cfg.arms.index("react") + 1, ("noted", "react"))
+    return ceilings + [(t, "react") for t in cfg.trivial]
 
 
 SETTINGS = "audit-settings.json"
@@ -177,7 +181,10 @@ def audit_markdown(report: dict[str, Any]) -> str:
         "",
         f"{report['tasks']} tasks, budget {report['budget']} tokens, "
         f"on_overflow={report['on_overflow']}. A ceiling is the arm's best scripted policy "
-        "(it answers only once its context shows the answer's evidence); the trivial "
+        "(it answers only once its context shows the answer's evidence); `noted` is react's "
+        "with each thought first repeating the evidence lines it has read (react's only way "
+        "to keep a fact past the overflow rule's dropping of its oldest steps), so react's "
+        "ceiling is the better of its two rows; the trivial "
         "strategies play react and read no document (code_nav's first_argument and "
         "random_argument read the first definition).",
         "",

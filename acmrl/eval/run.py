@@ -82,7 +82,8 @@ def needs_of(env: Any, ids: set[str]) -> dict[str, Needs] | None:
     environment."""
     if env is None:
         return None
-    return task_needs(env, [t for split in env.splits for t in env.tasks(split) if t.id in ids])
+    tasks = {t.id: t for split in env.splits for t in env.tasks(split) if t.id in ids}
+    return task_needs(env, list(tasks.values()))  # a task may be in two splits (eval and test)
 
 
 def _oracle(cfg: EvalConfig) -> Engine:

@@ -85,16 +85,36 @@ class CeilingPolicy(Demonstrator):
         *,
         pressure: float = 1.0,
         late: bool = True,
+        noted: bool = False,
     ) -> None:
         """``pressure`` and ``late`` as the expert's; the defaults (compact only when the next
         result would not fit) are the cheapest timing, the audit's; demonstrations may draw
-        others (``teacher.pressure_spread``, ``teacher.late_share``)."""
+        others (``teacher.pressure_spread``, ``teacher.late_share``). ``noted``: each turn's
+        thought first repeats the evidence lines its context shows that no earlier thought
+        wrote (react's only way to keep a fact past the overflow rule's dropping of its
+        oldest steps: the audit's ``noted`` strategy)."""
         super().__init__(env, task, arm, budget, tokenizer, pressure=pressure, late=late)
         self.evidence = env.answer_evidence(task)
         self.queried: set[str] = set()
         self.reread = 0  # plan steps read again for evidence without a document
+        self.noted: set[str] | None = set() if noted else None
 
     def __call__(self, session_id: str, prompt: str) -> str:
+        turn = self._play(session_id, prompt)
+        if self.noted is None or session_id.endswith(("/querier", "/summariser")):
+            return turn
+        context = f"{self.task.prompt}\n{self.seen}\n{prompt}"
+        new = [
+            e.text
+            for e in self.evidence
+            if e.text in prompt
+            and e.text not in self.noted
+            and (e.selector is None or e.selector in context.replace(e.text, ""))
+        ]
+        self.noted.update(new)
+        return "".join(f"I note: {text}\n" for text in new) + turn
+
+    def _play(self, session_id: str, prompt: str) -> str:
         if session_id.endswith("/querier"):
             return extract(prompt)
         if session_id.endswith("/summariser"):
@@ -206,7 +226,8 @@ class Trivial:
     frequent answer; ``random`` a training answer drawn per task (``answers``: (task id,
     answer) of the training split; the task's own is left out). On code_nav's chain,
     ``first_argument`` and ``random_argument`` read the first definition's call and answer its
-    first argument, or one drawn per task, without following it."""
+    first argument, or one drawn per task, without following it (on the trace preset's
+    first_use questions, with the call's own line: no other line is known before ``h``)."""
 
     def __init__(
         self, name: str, env: Environment, task: Task, answers: list[tuple[str, str]]
@@ -228,11 +249,13 @@ class Trivial:
             rng = random.Random(zlib.crc32(self.task.id.encode()))
             return _answer(rng.choice(self.answers) if self.answers else UNKNOWN, "A guess.")
         if self.name in ("first_argument", "random_argument"):
-            # code_nav chain: read the first definition's call (the plan up to the second
-            # find_def), then answer one of the call's arguments without following it
+            # code_nav chain and trace: read the first definition's call (the plan up to the
+            # find_def after the first read), then answer one of the call's arguments without
+            # following it; first_use also asks for a line, and the call's is the one known
             plan = self.env.oracle_plan(self.task)
-            finds = [i for i, (n, _) in enumerate(plan) if n == "find_def"]
-            reads = plan[: finds[1]] if len(finds) > 1 else []
+            first = next((i for i, (n, _) in enumerate(plan) if n == "read_file"), len(plan))
+            after = [i for i, (n, _) in enumerate(plan) if n == "find_def" and i > first]
+            reads = plan[: after[0]] if after else []
             if self.turn <= len(reads):
                 name, args = reads[self.turn - 1]
                 return Demonstrator._turn("I read the call.", name, args)
@@ -240,9 +263,13 @@ class Trivial:
             if not shown:
                 return _answer(UNKNOWN, "The call is not in view.")
             if self.name == "first_argument":
-                return _answer(shown[0], "The call's first argument.")
-            rng = random.Random(zlib.crc32(self.task.id.encode()))
-            return _answer(rng.choice(shown), "One of the call's arguments.")
+                arg, why = shown[0], "The call's first argument."
+            else:
+                rng = random.Random(zlib.crc32(self.task.id.encode()))
+                arg, why = rng.choice(shown), "One of the call's arguments."
+            if self.task.metadata.get("template") == "first_use":
+                arg = f"{arg}, line {plan[first][1]['start']}"
+            return _answer(arg, why)
         if self.name == "first_result":
             if self.turn == 1:
                 return Demonstrator._turn(
@@ -279,8 +306,8 @@ def audit_reply(
             task_id, arm, strategy = eid.rsplit("#", 2)
             task = tasks[task_id]
             players[eid] = (
-                CeilingPolicy(env, task, arm, budget, tokenizer)
-                if strategy == "ceiling"
+                CeilingPolicy(env, task, arm, budget, tokenizer, noted=strategy == "noted")
+                if strategy in ("ceiling", "noted")
                 else Trivial(strategy, env, task, answers)
             )
         return players[eid](session_id, prompt)
