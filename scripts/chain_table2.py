@@ -1,7 +1,7 @@
-"""The fair Table 2 on kb_search chain: one student per training seed, reported on test worlds.
+"""The fair Table 2 on kb_search chain or code_nav trace: one student per seed, on test tasks.
 
-    .venv/bin/python scripts/chain_table2.py OUT [--seeds 0 1 2] [--steps 100]
-        [--train-arms ARM ...] [--timing spread|read] [--parts test dev]
+    .venv/bin/python scripts/chain_table2.py OUT [--bench chain|trace] [--seeds 0 1 2]
+        [--steps 100] [--train-arms ARM ...] [--timing spread|read] [--parts test dev]
         [--eval-arms ARM ...] [--round-tasks 0] [--round-steps 10] [--test-tasks 25]
         [--dry-run]
 
@@ -29,6 +29,11 @@ trained arm, the oracle edits its runs and resumes them, and ``--round-steps`` s
 of SFT's learning rate train the SFT policy on the demonstrations and the round together; the
 evals then read that policy.
 
+``--bench trace`` runs the same protocol on code_nav's ``trace`` preset (torch's source,
+budget 2,200): the demonstrations on every task of its train split, the evals on its ``test``
+split (``--parts dev``: its ``dev`` split; the two halve the eval split by question group),
+``--test-tasks`` of each; no teacher round (``--round-tasks`` needs other training worlds).
+
 Every stage resumes: a rerun skips the finished annotation, continues SFT from its checkpoint
 (``--auto-resume``) and each eval from its episodes. The stage configs are written to
 OUT/configs/ first, so a stage can be rerun by hand.
@@ -53,6 +58,7 @@ DEV_WORLDS = [1000, 1001]
 # them before (docs/train.md), so the reported worlds are fresh ones
 TEST_WORLDS = [3000, 3001]
 EVAL_ARMS = ["react", "summary", "memory", "acm"]
+BUDGETS = {"chain": 2048, "trace": 2200}  # the presets' own (docs/envs.md)
 
 
 def chain_env(env, seeds: list[int], split: str, per_world: int):
@@ -61,6 +67,13 @@ def chain_env(env, seeds: list[int], split: str, per_world: int):
     inner = {"preset": "chain", f"n_{split}": per_world}
     opts = {"env": "kb_search", "seeds": seeds, "options": inner}
     return dataclasses.replace(env, options=opts, split=split, limit=None)
+
+
+def trace_env(env, split: str, limit: int | None):
+    """code_nav's trace preset, ``limit`` tasks of ``split`` (train, dev or test)."""
+    return dataclasses.replace(
+        env, name="code_nav", options={"preset": "trace"}, split=split, limit=limit
+    )
 
 
 def configs(
@@ -74,13 +87,20 @@ def configs(
     round_tasks: int = 0,
     round_steps: int = 10,
     test_worlds: list[int] = TEST_WORLDS,
+    bench: str = "chain",
 ) -> dict[str, object]:
+    if bench == "trace" and round_tasks:
+        raise SystemExit("--bench trace has no teacher round: its tasks are one code base's")
     base = stage_configs(DemoConfig(size="tiny", output=str(out)))
     annotate, sft, ev = base["annotate"], base["sft"], base["eval-sft"]
-    agent = dataclasses.replace(ev.agent, max_context_tokens=2048, max_turns=30)
-    annotate.env = chain_env(annotate.env, TRAIN_WORLDS, "train", 16)  # 160 tasks
+    budget = BUDGETS[bench]
+    agent = dataclasses.replace(ev.agent, max_context_tokens=budget, max_turns=30)
+    if bench == "trace":
+        annotate.env = trace_env(annotate.env, "train", None)  # every training question
+    else:
+        annotate.env = chain_env(annotate.env, TRAIN_WORLDS, "train", 16)  # 160 tasks
     annotate.agent = dataclasses.replace(
-        annotate.agent, max_context_tokens=2048, max_turns=30, on_overflow="force_answer"
+        annotate.agent, max_context_tokens=budget, max_turns=30, on_overflow="force_answer"
     )
     annotate.arms = list(train_arms)
     annotate.teacher.policy = "best"
@@ -129,7 +149,10 @@ def configs(
             policy = out / f"sft-round-s{seed}" / "final"
         model = dataclasses.replace(ev.model, name=str(policy))
         for part, worlds in (("test", test_worlds), ("dev", DEV_WORLDS)):
-            env = chain_env(ev.env, worlds, "eval", test_tasks)
+            if bench == "trace":
+                env = trace_env(ev.env, part, test_tasks)
+            else:
+                env = chain_env(ev.env, worlds, "eval", test_tasks)
             out_cfgs[f"eval-{part}-s{seed}"] = dataclasses.replace(
                 ev,
                 model=model,
@@ -148,6 +171,7 @@ FORMER_DEFAULTS = {
     "timing": "spread",
     "round_tasks": 0,
     "round_steps": 10,
+    "bench": "chain",
 }
 
 
@@ -178,9 +202,12 @@ def acmrl(*args: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
+    ap.add_argument("--bench", choices=list(BUDGETS), default="chain", help="the task set")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=100, help="SFT steps per seed")
-    ap.add_argument("--test-tasks", type=int, default=25, help="eval tasks per world")
+    ap.add_argument(
+        "--test-tasks", type=int, default=25, help="eval tasks per world (trace: of the split)"
+    )
     ap.add_argument("--train-arms", nargs="+", default=EVAL_ARMS, help="arms demonstrated")
     ap.add_argument("--timing", choices=["spread", "read"], default="spread")
     ap.add_argument("--parts", nargs="+", choices=["test", "dev"], default=["test"])
@@ -200,6 +227,7 @@ def main() -> None:
         "timing": args.timing,
         "round_tasks": args.round_tasks,
         "round_steps": args.round_steps,
+        "bench": args.bench,
     }
     check_settings(args.out, settings, write=not args.dry_run)
     stages = configs(args.out, args.seeds, eval_arms=args.eval_arms, **settings)

@@ -167,3 +167,19 @@ def test_chain_failures_reads_eval_folders(tmp_path, tokenizer):
     for line in react:
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert cells[2] == "0.00" and cells[3] == cells[1], line  # all over the budget
+
+
+def test_the_trace_bench_trains_on_its_train_split_and_reports_on_test(tmp_path):
+    res = _dry(tmp_path, "--bench", "trace", "--train-arms", "acm", "--test-tasks", "20")
+    assert res.returncode == 0, res.stderr[-2000:]
+    cfgs = tmp_path / "configs"
+    annotate = load_config(AnnotateConfig, cfgs / "annotate.yaml", [])
+    assert (annotate.env.name, annotate.env.options) == ("code_nav", {"preset": "trace"})
+    assert (annotate.env.split, annotate.env.limit) == ("train", None)
+    assert annotate.agent.max_context_tokens == 2200
+    for part in ("dev", "test"):
+        ev = load_config(EvalConfig, cfgs / f"eval-{part}-s0.yaml", [])
+        assert (ev.env.name, ev.env.split, ev.env.limit) == ("code_nav", part, 20)
+        assert ev.agent.max_context_tokens == 2200 and ev.agent.on_overflow == "force_answer"
+    refused = _dry(tmp_path / "round", "--bench", "trace", "--round-tasks", "2")
+    assert refused.returncode != 0 and "no teacher round" in refused.stderr
