@@ -306,6 +306,45 @@ USE_FILES = {
             addr = (h, p)
             return addr
     """,
+    "net/more.py": """
+        def pack(a, b):
+            name = a.label
+            store(name, b)
+
+
+        def store(n, m):
+            return n, m
+
+
+        def hop(a, b):
+            keep(b, a)
+
+
+        def keep(x, y):
+            z = y
+            return x, z
+
+
+        def lam(a, b):
+            go = lambda: store(a, 1)
+            keep(a, b)
+
+
+        def derived(item, box):
+            pack(item, box)
+
+
+        def wrapped(item, box):
+            print(hop(item, box))
+
+
+        def fine(item, box):
+            hop(item, box)
+
+
+        def hidden(item, box):
+            lam(item, box)
+    """,
     "net/near.py": """
         def outer(a, b):
             inner(b, a)
@@ -358,7 +397,7 @@ def test_first_use_follows_a_call_by_its_line_to_the_first_read(use_root):
         "net/sock.py:1: def open_socket(p, h, attempts):",
         "net/sock.py:2: if attempts < 1:",
     ]
-    for good in ("settings.retries, line 2", "`settings . retries` on line 2.", "settings.retries line 2"):  # fmt: skip
+    for good in ("settings.retries, line 2", "`settings . retries` on line 2.", "settings.retries line 2", "settings.retries (line 2 of net/sock.py)"):  # fmt: skip
         assert env.score(task, good) == 1.0, good
     for bad in ("settings.retries", "settings.retries, line 3", "tries, line 2", "line 2"):
         assert env.score(task, bad) == 0.0, bad
@@ -366,9 +405,20 @@ def test_first_use_follows_a_call_by_its_line_to_the_first_read(use_root):
     every = load("code_nav", root=use_root, preset="trace", eval_frac=1.0, max_read_lines=3)
     dev, test = every.tasks("dev"), every.tasks("test")
     assert sorted(t.id for t in dev + test) == sorted(t.id for t in every.tasks("eval"))
-    assert {t.metadata["split"] for t in dev} <= {"dev"} and len(dev + test) == 3
+    assert {t.metadata["split"] for t in dev} <= {"dev"} and len(dev + test) == 4
     group = {t.id: every._questions[t.id].group for t in dev + test}
     assert not {group[t.id] for t in dev} & {group[t.id] for t in test}
+    # a mixture takes a member's task in eval and in dev (or test) as the same task
+    opts = {"root": str(use_root), "preset": "trace", "eval_frac": 1.0, "max_read_lines": 3}
+    mix = load("mixture", envs=[{"name": "code_nav", "options": opts}])
+    assert len(mix.tasks("dev") + mix.tasks("test")) == len(mix.tasks("eval")) == 4
+    # more.py at three-line windows: only fine's call is asked. derived's pack hands store a
+    # value built from its parameter (a.label) beside one of the values, wrapped's line is
+    # print's call too, hidden's lam passes one on in a lambda as well
+    more = [t for t in every.tasks("eval") if "more.py" in t.prompt]
+    assert [(t.prompt.split("(in `")[1].split("`")[0], t.answer) for t in more] == [
+        ("fine", "item, line 15")
+    ]
     # three-line windows show no two of near.py's spans together: its chain is asked too
     near = load("code_nav", root=use_root, preset="trace", eval_frac=0.0, max_read_lines=3)
     (outer,) = [t for t in near.tasks("train") if "near.py" in t.prompt]
@@ -382,7 +432,7 @@ def test_audit_of_the_trace_preset(tmp_path, default_model_dir):
     see the last two definitions."""
     from acmrl.eval.audit import run_audit
 
-    files = {rel: text for rel, text in USE_FILES.items() if rel != "net/near.py"}
+    files = {k: v for k, v in USE_FILES.items() if k not in ("net/near.py", "net/more.py")}
     cfg = _audit_config(tmp_path, default_model_dir, files, 40, "trace", 1900)
     report = run_audit(cfg)
     rows = {(r["strategy"], r["arm"]): r for r in report["strategies"]}
@@ -395,7 +445,7 @@ def test_audit_of_the_trace_preset(tmp_path, default_model_dir):
         assert rows[(name, "react")]["pass@1"] == 0.0, name
     # with room for the last two definitions, react reads all three; the overflow rule then
     # drops the first read, and only the react whose thoughts repeated its lines answers
-    cfg.output, cfg.agent.max_context_tokens = str(tmp_path / "audit2"), 2300
+    cfg.output, cfg.agent.max_context_tokens = str(tmp_path / "audit2"), 2400
     cfg.arms, cfg.trivial = ["react"], []
     rows = {r["strategy"]: r for r in run_audit(cfg)["strategies"]}
     assert rows["ceiling"]["tool_calls"] == rows["noted"]["tool_calls"] == 6.0

@@ -22,7 +22,7 @@ nothing is imported.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from acmrl.envs.code_questions import Module, Question, _defining
@@ -161,6 +161,8 @@ class Flow:
     h_sig: tuple[int, int]  # first and last line of h's signature
     k_sig: tuple[int, int]
     k_use: int | None = None  # first_use: the line of k's body that first uses the value
+    handed: int = 1  # first_use: how many of the call's values k receives (which matters is
+    # known only at k's read when two or more)
 
 
 def _signature(fn: ast.FunctionDef, lines: list[str]) -> tuple[int, int]:
@@ -315,13 +317,57 @@ def _from_h(
 
 
 def first_load(k: Fn, name: str) -> int | None:
-    """The first line of ``k``'s own body (nested scopes aside) that reads ``name``."""
+    """The first line of ``k``'s body that reads ``name``, nested scopes included (a lambda
+    that reads it reads the value)."""
     lines = [
         n.lineno
-        for n in _inside(k.node)
+        for stmt in k.node.body
+        for n in ast.walk(stmt)
         if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
     ]
     return min(lines, default=None)
+
+
+def _names(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+_BINDERS = (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.AsyncFor, ast.NamedExpr)
+
+
+def _tainted(h: Fn, given: set[str]) -> set[str]:
+    """``given`` and every local of ``h`` bound from one of them (``name = x.attr``, ``for y in
+    x``, ``with x as y``), to a fixed point."""
+    out = set(given)
+    for _ in range(8):
+        before = len(out)
+        for n in _inside(h.node):
+            if isinstance(n, _BINDERS):
+                source = n.iter if isinstance(n, ast.For | ast.AsyncFor) else n.value
+                target = n.targets if isinstance(n, ast.Assign) else [n.target]
+                if source is not None and _names(source) & out:
+                    out |= set().union(*(_names(t) for t in target))
+            elif (
+                isinstance(n, ast.withitem)
+                and n.optional_vars is not None
+                and _names(n.context_expr) & out
+            ):
+                out |= _names(n.optional_vars)
+        if len(out) == before:
+            break
+    return out
+
+
+def _passes(nodes: Iterable[ast.AST], given: set[str]) -> list[tuple[int, int, ast.Call]]:
+    """Where a call among ``nodes`` is passed one of ``given`` as a plain name: ``(line,
+    column, call)`` of each such name."""
+    return [
+        (a.lineno, a.col_offset, c)
+        for c in nodes
+        if isinstance(c, ast.Call)
+        for a in _values(c)
+        if isinstance(a, ast.Name) and a.id in given
+    ]
 
 
 def _apart(spans: list[tuple[str, int, int]], window: int) -> bool:
@@ -344,40 +390,54 @@ def first_use(
     which parameter goes where, ``k``'s body shows which it reads first; the call's arguments,
     seen first, are needed at the end, and which of them matters is known only there.
 
-    A question is kept where the line names the call (no other call on it resolves), exactly
-    one call of ``h`` receives any of the parameters the call binds (not reassigned first; the
-    call resolves to ``k``), ``k``'s first read of them is on a line of its own, the argument
-    is not a constant, and each needed span (the call; ``h`` from its ``def`` to its call of
-    ``k``; ``k`` from its ``def`` to the read) fits one ``window`` while no window shows two
+    The question says which call of ``h`` is ``k``'s without naming it: the first (in the
+    source's order) that is passed one of the values as a plain name, unchanged. A question is
+    kept where the line names the call (no other call spans it but those inside the call's own
+    arguments), the argument is one short line and not a constant, that first call resolves to
+    ``k`` (not to a builtin or a method of some object), no nested function or lambda of ``h``
+    passes one of the values on (a reader could count it), ``k`` is handed each of the values
+    it gets (or a local bound from one) as a plain parameter name (a value built from one,
+    ``x.attr`` or ``x + 1``, would not be the call's argument), ``k``'s first read of them is
+    on a line of its own, and each needed span (the call; ``h`` from its ``def`` to its call
+    of ``k``; ``k`` from its ``def`` to the read) fits one ``window`` while no window shows two
     of them, so three reads are needed."""
     res = _Resolver(modules, fns)
     out: list[tuple[Question, Flow]] = []
     seen: set[str] = set()
     for f, call, h, bound, texts in _outer_calls(res, fns, min_args=1, alone=True):
+        inner = {id(n) for n in ast.walk(call)}
+        if any(
+            isinstance(c, ast.Call)
+            and id(c) not in inner
+            and c.lineno <= call.lineno <= (c.end_lineno or c.lineno)
+            for c in _inside(f.node)
+        ):
+            continue  # line N is also another call's: it would not name h's
         given = {p for p in bound if p not in _stored(h.node)}
-        receiving = [
-            c
-            for c in _inside(h.node)
-            if isinstance(c, ast.Call)
-            and any(isinstance(a, ast.Name) and a.id in given for a in _values(c))
-        ]
-        if len(receiving) != 1:
+        own = _passes(_inside(h.node), given)  # h's own calls, nested scopes aside
+        nested = [n for n in _inside(h.node) if isinstance(n, _SCOPES)]
+        if not own or any(_passes(ast.walk(n), given) for n in nested):
             continue
-        c2 = receiving[0]
+        c2 = min(own, key=lambda x: (x[0], x[1]))[2]
         k = res.callee(h, c2, _locals(h.node))
         if k is None or k.node in (h.node, f.node) or not _simple(k.node):
             continue
         to_k = _bind(c2, k)
         if to_k is None:
             continue
-        recv = {q: a.id for q, (a, _) in to_k.items() if isinstance(a, ast.Name) and a.id in given}
+        names = _tainted(h, given)
+        handed = {q: a for q, (a, _) in to_k.items() if _names(a) & names}
+        if any(not (isinstance(a, ast.Name) and a.id in given) for a in handed.values()):
+            continue  # a value built from one (x.attr, x + 1) is not the call's argument
+        recv = {q: a.id for q, a in handed.items() if isinstance(a, ast.Name)}
         uses = {q: first_load(k, q) for q in recv}
         if not uses or any(n is None for n in uses.values()):
             continue
         line = min(n for n in uses.values() if n is not None)
         firsts = [q for q, n in uses.items() if n == line]
         arg = bound[recv[firsts[0]]][0]
-        if len(firsts) != 1 or isinstance(arg, ast.Constant):
+        one_line = arg.lineno == arg.end_lineno and len(ast.unparse(arg)) <= 60
+        if len(firsts) != 1 or isinstance(arg, ast.Constant) or not one_line:
             continue
         h_sig, k_sig = _signature(h.node, h.mod.lines), _signature(k.node, k.mod.lines)
         spans = [
@@ -390,8 +450,14 @@ def first_use(
         key = f"first_use:{f.mod.name}:{f.qual}:{call.lineno}"
         if key not in seen:
             seen.add(key)
-            out.append(_use_question(f, call, h, c2, k, texts, arg, recv[firsts[0]], line, key))
+            out.append(_use_question(f, call, h, c2, k, texts, arg, recv, firsts[0], line, key))
     return out
+
+
+def _param_line(fn: Fn, name: str) -> int:
+    """The line of ``fn``'s signature that names its parameter ``name``."""
+    a = fn.node.args
+    return next(x.lineno for x in [*a.args, *a.kwonlyargs] if x.arg == name)
 
 
 def _use_question(
@@ -402,19 +468,27 @@ def _use_question(
     k: Fn,
     texts: list[str],
     arg: ast.expr,
-    p: str,
+    recv: dict[str, str],
+    q: str,
     line: int,
     key: str,
 ) -> tuple[Question, Flow]:
+    """The question and its flow. Its evidence is the lines that carry the chain, each with the
+    name it follows (a signature's or a call's bracket-only lines say nothing): the call's
+    first line (it names ``h``) and the argument's, ``h``'s parameter and the lines of its call
+    of ``k`` that name ``k`` and pass the parameter, ``k``'s parameter and its first read."""
     fl, hl, kl = (x.mod.lines for x in (f, h, k))
     h_sig, k_sig = _signature(h.node, hl), _signature(k.node, kl)
+    p = recv[q]  # h's parameter that k's q receives
     passes = [a for a in _values(c2) if getattr(a, "id", None) == p]
     f_call = (call.lineno, call.end_lineno or call.lineno)
     lines = [
-        *(_line(fl, n) for n in range(f_call[0], f_call[1] + 1)),
-        *(_line(hl, n) for n in range(h_sig[0], h_sig[1] + 1)),
+        _line(fl, call.lineno),
+        _line(fl, arg.lineno),
+        _line(hl, _param_line(h, p)),
+        _line(hl, c2.lineno),
         *(_line(hl, a.lineno) for a in passes[:1]),
-        *(_line(kl, n) for n in range(k_sig[0], k_sig[1] + 1)),
+        _line(kl, _param_line(k, q)),
         _line(kl, line),
     ]
     flow = Flow(
@@ -428,13 +502,16 @@ def _use_question(
         h_sig,
         k_sig,
         k_use=line,
+        handed=len(recv),
     )
     answer = f"{ast.unparse(arg)}, line {line}"
     prompt = (
         f"Line {call.lineno} of `{f.mod.rel}` (in `{f.qual}`) calls a function of this code "
-        "base, which hands some of the values it receives on to one other function. Of the "
-        "arguments of that call, which one does that other function read first, and on which "
-        "line of its file? Answer as: <the argument as the call writes it>, line <number>."
+        "base. Follow the values of that call's arguments into it, to the first call in its "
+        "body that is passed one of them unchanged, as a plain name. Of the arguments of the "
+        f"call on line {call.lineno}, which one does the function called there read first, "
+        "and on which line of its file? Answer as: <the argument as the call writes it>, "
+        "line <number>."
     )
     files = list(dict.fromkeys([f.mod.rel, h.mod.rel, k.mod.rel]))
     q_ = Question("first_use", key, prompt, answer, answer, files, [])

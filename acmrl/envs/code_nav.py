@@ -205,23 +205,33 @@ def _same_expression(answer: str, expected: str) -> bool:
     return ast.dump(got) == ast.dump(ast.parse(expected, mode="eval"))
 
 
-_USE = re.compile(r"^(.*?)[\s,;]*\b(?:on\s+)?line\s*:?\s*(\d+)\W*$", re.I | re.S)
+_LINE = re.compile(r"\bline\s*:?\s*(\d+)", re.I)
+_KEYWORD = re.compile(r"^[A-Za-z_]\w*\s*=(?!=)\s*(.+)$", re.S)
 
 
 def _same_use(answer: str, expected: str) -> bool:
-    """first_use: ``<argument>, line <n>`` with the argument the same Python expression as the
-    expected one (spacing and quotes aside) and the same line.
+    """first_use: ``<argument>, line <n>``: the last ``line <n>`` of the answer is the line
+    (what follows it, a path say, is not read), and what precedes it, separators and "on" or
+    "at" aside, is the argument: the same Python expression as the expected one (spacing and
+    quotes aside), also when written as the call's keyword (``device=device``).
 
     >>> _same_use("self._buf , line 42", "self._buf, line 42"), _same_use("buf, line 42", "self._buf, line 42")
     (True, False)
     >>> _same_use("`self._buf` on line 42.", "self._buf, line 42"), _same_use("self._buf, line 41", "self._buf, line 42")
     (True, False)
+    >>> [_same_use(a, "dev, line 7") for a in ("device=dev, line 7", "dev (line 7)", "dev at line 7 of a.py")]
+    [True, True, True]
     """
-    got, want = _USE.match(answer.strip().strip("`")), _USE.match(expected)
-    if got is None or want is None:
+    got, want = list(_LINE.finditer(answer)), list(_LINE.finditer(expected))
+    if not got or not want or int(got[-1].group(1)) != int(want[-1].group(1)):
         return False
-    same_line = int(got.group(2)) == int(want.group(2))
-    return same_line and _same_expression(got.group(1).strip("` ,;"), want.group(1))
+    arg = answer[: got[-1].start()].strip().strip("`'\"")
+    arg = re.sub(r"(?:[\s,;:(]|\b(?:on|at|in)\b)+$", "", arg, flags=re.I).strip("` ")
+    target = expected[: want[-1].start()].strip().rstrip(",").strip()
+    keyword = _KEYWORD.match(arg)
+    return _same_expression(arg, target) or (
+        keyword is not None and _same_expression(keyword.group(1), target)
+    )
 
 
 def _split_of(key: str, eval_frac: float) -> str:

@@ -49,7 +49,8 @@ class Mixture(Environment):
         for member in self.members:
             for split in member.splits:
                 for task in member.tasks(split):
-                    if task.id in self._owner:
+                    # a member's task may sit in two of its splits (code_nav's eval and dev)
+                    if self._owner.get(task.id, member) is not member:
                         raise EnvError(f"mixture: task id {task.id!r} occurs twice")
                     self._owner[task.id] = member
                     self._tasks.setdefault(split, []).append(task)

@@ -90,9 +90,9 @@ class CeilingPolicy(Demonstrator):
         """``pressure`` and ``late`` as the expert's; the defaults (compact only when the next
         result would not fit) are the cheapest timing, the audit's; demonstrations may draw
         others (``teacher.pressure_spread``, ``teacher.late_share``). ``noted``: each turn's
-        thought first repeats the evidence lines its context shows that no earlier thought
-        wrote (react's only way to keep a fact past the overflow rule's dropping of its
-        oldest steps: the audit's ``noted`` strategy)."""
+        thought first repeats every evidence line its context has shown so far (react's only
+        way to keep a fact past the overflow rule's dropping of its oldest steps: the latest
+        thought holds them all; the audit's ``noted`` strategy)."""
         super().__init__(env, task, arm, budget, tokenizer, pressure=pressure, late=late)
         self.evidence = env.answer_evidence(task)
         self.queried: set[str] = set()
@@ -112,7 +112,8 @@ class CeilingPolicy(Demonstrator):
             and (e.selector is None or e.selector in context.replace(e.text, ""))
         ]
         self.noted.update(new)
-        return "".join(f"I note: {text}\n" for text in new) + turn
+        kept = [e.text for e in self.evidence if e.text in self.noted]  # every line so far
+        return "".join(f"I note: {text}\n" for text in kept) + turn
 
     def _play(self, session_id: str, prompt: str) -> str:
         if session_id.endswith("/querier"):
