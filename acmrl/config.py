@@ -992,7 +992,7 @@ class AuditConfig:
     trivial: list[str] = option(
         ["first_result", "listed_title", "frequent", "random"],
         "trivial strategies (react arm): first_result, listed_title, frequent, random; "
-        "code_nav chain: first_argument, random_argument",
+        "code_nav chain: first_argument, random_argument; code_nav trace: def_line too",
     )
     concurrency: int = option(16, "episodes in flight at once", min=1)
     output: str = option("runs/audit", "folder of episodes.jsonl, audit.json and audit.md")
@@ -1000,7 +1000,7 @@ class AuditConfig:
     def check(self) -> None:
         check_arms(self.arms)
         known = ("first_result", "listed_title", "frequent", "random")
-        known += ("first_argument", "random_argument")
+        known += ("first_argument", "random_argument", "def_line")
         unknown = [t for t in self.trivial if t not in known]
         if unknown:
             raise ConfigError(f"trivial: unknown strategies {unknown}; known: {', '.join(known)}")

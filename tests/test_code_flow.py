@@ -234,7 +234,11 @@ def _audit_config(
     cfg.env.options = {"root": str(tmp_path / "code"), "preset": preset, "eval_frac": 1.0}
     cfg.agent.max_context_tokens = budget
     cfg.arms = ["react", "summary", "acm"]
-    cfg.trivial = ["first_argument", "random_argument"]
+    cfg.trivial = [
+        "first_argument",
+        "random_argument",
+        *(["def_line"] if preset == "trace" else []),
+    ]
     return cfg
 
 
@@ -379,6 +383,11 @@ def test_first_use_follows_a_call_by_its_line_to_the_first_read(use_root):
     assert task.prompt.startswith("Line 6 of `net/app.py` (in `start`) calls a function")
     assert "connect" not in task.prompt and "open_socket" not in task.prompt
     assert tasks["10"].answer == "tries, line 2"
+    # start's and restart's questions share h and k: one group, one split
+    assert len({env._questions[t.id].group for t in tasks.values()}) == 1
+    found = env.session(task).call("find_def", {"name": "open_socket", "path": "net/sock.py"})
+    assert env.line_guess(task, str(found)) == "port_no, line 2"  # k's first parameter, def + 1
+    assert env.line_guess(task, "") is None  # not before find_def has shown k's line
     assert task.metadata["arguments"] == ["host_name", "settings.retries", "port_no"]
     assert [e.text for e in env.answer_evidence(task)] == [
         "connect(host_name, settings.retries, port_no)",
@@ -443,6 +452,10 @@ def test_audit_of_the_trace_preset(tmp_path, default_model_dir):
     assert rows[("noted", "react")]["pass@1"] == 0.0  # notes do not bring the third read
     for name in ("first_argument", "random_argument"):
         assert rows[(name, "react")]["pass@1"] == 0.0, name
+    # def_line finds k without reading it and guesses its first read at the train offset
+    # (eval_frac=1.0: no train split, offset 1): open_socket's def is line 1, its first read
+    # below its 42-line docstring, so the guess misses
+    assert rows[("def_line", "react")]["pass@1"] == 0.0
     # with room for the last two definitions, react reads all three; the overflow rule then
     # drops the first read, and only the react whose thoughts repeated its lines answers
     cfg.output, cfg.agent.max_context_tokens = str(tmp_path / "audit2"), 2400

@@ -22,6 +22,7 @@ nothing is imported.
 from __future__ import annotations
 
 import ast
+import dataclasses
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -163,6 +164,7 @@ class Flow:
     k_use: int | None = None  # first_use: the line of k's body that first uses the value
     handed: int = 1  # first_use: how many of the call's values k receives (which matters is
     # known only at k's read when two or more)
+    received: tuple[str, ...] = ()  # first_use: those arguments, in k's parameter order
 
 
 def _signature(fn: ast.FunctionDef, lines: list[str]) -> tuple[int, int]:
@@ -413,12 +415,17 @@ def first_use(
             for c in _inside(f.node)
         ):
             continue  # line N is also another call's: it would not name h's
-        given = {p for p in bound if p not in _stored(h.node)}
+        given = set(bound)
+        if given & _stored(h.node):
+            continue  # a value reassigned somewhere in h is "unchanged" only up to there
         own = _passes(_inside(h.node), given)  # h's own calls, nested scopes aside
         nested = [n for n in _inside(h.node) if isinstance(n, _SCOPES)]
         if not own or any(_passes(ast.walk(n), given) for n in nested):
             continue
         c2 = min(own, key=lambda x: (x[0], x[1]))[2]
+        around = {id(n) for n in ast.walk(c2)}
+        if any(c is not c2 and (id(c) in around or c2 in ast.walk(c)) for _, _, c in own):
+            continue  # first in the source is not first to run: min(r, g(x))
         k = res.callee(h, c2, _locals(h.node))
         if k is None or k.node in (h.node, f.node) or not _simple(k.node):
             continue
@@ -450,7 +457,31 @@ def first_use(
         key = f"first_use:{f.mod.name}:{f.qual}:{call.lineno}"
         if key not in seen:
             seen.add(key)
-            out.append(_use_question(f, call, h, c2, k, texts, arg, recv, firsts[0], line, key))
+            order = [*k.positional(), *(a.arg for a in k.node.args.kwonlyargs)]
+            got = tuple(ast.unparse(bound[recv[q]][0]) for q in order if q in recv)
+            q_, flow = _use_question(f, call, h, c2, k, texts, arg, recv, firsts[0], line, key)
+            out.append((q_, dataclasses.replace(flow, received=got)))
+    return _joined(out)
+
+
+def _joined(out: list[tuple[Question, Flow]]) -> list[tuple[Question, Flow]]:
+    """One group (one split) per set of questions linked by a shared ``h`` or a shared ``k``:
+    a policy trained on one could otherwise answer another from memory (``k``'s read line, or
+    which call ``h`` makes first) without its reads."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for _, fl in out:
+        a, b = find(f"h:{fl.h[0]}:{fl.h[1]}"), find(f"k:{fl.k[0]}:{fl.k[1]}")
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+    for q, fl in out:
+        q.group = f"first_use:{find(f'h:{fl.h[0]}:{fl.h[1]}')}"
     return out
 
 
@@ -508,12 +539,12 @@ def _use_question(
     prompt = (
         f"Line {call.lineno} of `{f.mod.rel}` (in `{f.qual}`) calls a function of this code "
         "base. Follow the values of that call's arguments into it, to the first call in its "
-        "body that is passed one of them unchanged, as a plain name. Of the arguments of the "
-        f"call on line {call.lineno}, which one does the function called there read first, "
-        "and on which line of its file? Answer as: <the argument as the call writes it>, "
-        "line <number>."
+        "body that is passed one of them unchanged, as a plain name; call the function that "
+        f"call calls k. Of the arguments of the call on line {call.lineno}, which one does k "
+        "read first, and on which line of k's file? Answer as: <the argument as the call "
+        "writes it>, line <number>."
     )
     files = list(dict.fromkeys([f.mod.rel, h.mod.rel, k.mod.rel]))
     q_ = Question("first_use", key, prompt, answer, answer, files, [])
-    q_.group = f"first_use:{h.mod.name}:{h.qual}:{k.qual}"  # one split per h -> k
+    q_.group = f"first_use:{h.mod.name}:{h.qual}:{k.qual}"  # joined per h and per k later
     return q_, flow

@@ -18,6 +18,7 @@ import os
 import random
 import re
 import sysconfig
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +207,7 @@ def _same_expression(answer: str, expected: str) -> bool:
 
 
 _LINE = re.compile(r"\bline\s*:?\s*(\d+)", re.I)
+_LEAD = re.compile(r"^(?:the\s+)?argument(?:\s+is)?\s*:?\s*", re.I)
 _KEYWORD = re.compile(r"^[A-Za-z_]\w*\s*=(?!=)\s*(.+)$", re.S)
 
 
@@ -221,17 +223,24 @@ def _same_use(answer: str, expected: str) -> bool:
     (True, False)
     >>> [_same_use(a, "dev, line 7") for a in ("device=dev, line 7", "dev (line 7)", "dev at line 7 of a.py")]
     [True, True, True]
+    >>> [_same_use(a, "dev, line 7") for a in ("**dev**, line 7", "Argument: dev, line 7", "dev \u2014 line 7", "'dev', line 7")]
+    [True, True, True, True]
+    >>> _same_use("f'{x}' line 7", "f'{x}', line 7"), _same_use("dev or cpu, line 7", "dev, line 7")
+    (True, False)
     """
     got, want = list(_LINE.finditer(answer)), list(_LINE.finditer(expected))
     if not got or not want or int(got[-1].group(1)) != int(want[-1].group(1)):
         return False
-    arg = answer[: got[-1].start()].strip().strip("`'\"")
-    arg = re.sub(r"(?:[\s,;:(]|\b(?:on|at|in)\b)+$", "", arg, flags=re.I).strip("` ")
+    arg = _LEAD.sub("", answer[: got[-1].start()].strip())
+    arg = re.sub(r"(?:[\s,;:(\u2013\u2014-]|\b(?:on|at|in)\b)+$", "", arg, flags=re.I)
     target = expected[: want[-1].start()].strip().rstrip(",").strip()
-    keyword = _KEYWORD.match(arg)
-    return _same_expression(arg, target) or (
-        keyword is not None and _same_expression(keyword.group(1), target)
-    )
+    for text in (arg.strip("` "), arg.strip("`*'\" ")):
+        keyword = _KEYWORD.match(text)
+        if _same_expression(text, target) or (
+            keyword is not None and _same_expression(keyword.group(1), target)
+        ):
+            return True
+    return False
 
 
 def _split_of(key: str, eval_frac: float) -> str:
@@ -327,6 +336,13 @@ class CodeNav(Environment):
             self._tasks.setdefault(half, []).append(self._task(half, q))
         for half in ("dev", "test"):
             self._tasks.setdefault(half, [])
+        # first_use: how far below its def k's first read most often is, on the train split
+        offsets = Counter(
+            fl.k_use - fl.k[2]
+            for t in self._tasks["train"]
+            if (fl := self._flows.get(self._questions[t.id].key)) and fl.k_use is not None
+        )
+        self._use_offset = offsets.most_common(1)[0][0] if offsets else 1
 
     def _task(self, split: str, q: Question) -> Task:
         task_id = f"code_nav/{q.template}/{hashlib.sha1(q.key.encode()).hexdigest()[:12]}"
@@ -445,6 +461,18 @@ class CodeNav(Environment):
                     break
                 start += width
         return plan
+
+    def line_guess(self, task: Task, context: str) -> str | None:
+        """first_use: the answer of a reader who skipped ``k``'s window: the first argument
+        ``k`` receives (``h``'s call shows it) on the line ``find_def`` gives plus the train
+        split's most common offset of the first read; None for other questions and while
+        ``context`` does not show ``find_def``'s line for ``k``."""
+        flow = self._flows.get(self._questions[task.id].key)
+        if flow is None or flow.k_use is None or not flow.received:
+            return None
+        if f"{flow.k[0]}:{flow.k[2]}: def " not in context:
+            return None
+        return f"{flow.received[0]}, line {flow.k[2] + self._use_offset}"
 
     def key_terms(self, task: Task) -> list[str]:
         """arg_flow: the default terms and every argument of ``f``'s call (which one matters is

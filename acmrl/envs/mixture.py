@@ -48,6 +48,7 @@ class Mixture(Environment):
         self._owner: dict[str, Environment] = {}
         for member in self.members:
             for split in member.splits:
+                self._tasks.setdefault(split, [])  # a member's empty split is the mixture's too
                 for task in member.tasks(split):
                     # a member's task may sit in two of its splits (code_nav's eval and dev)
                     if self._owner.get(task.id, member) is not member:

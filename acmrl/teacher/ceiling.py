@@ -249,6 +249,16 @@ class Trivial:
         if self.name == "random":
             rng = random.Random(zlib.crc32(self.task.id.encode()))
             return _answer(rng.choice(self.answers) if self.answers else UNKNOWN, "A guess.")
+        if self.name == "def_line":
+            # code_nav trace: read the call and h, find k (its def line) but do not read it,
+            # and answer k's first argument at the most common offset below its def
+            plan = self.env.oracle_plan(self.task)
+            finds = [i for i, (n, _) in enumerate(plan) if n == "find_def"]
+            reads = plan[: finds[-1] + 1] if finds else []
+            if self.turn <= len(reads):
+                return Demonstrator._turn("I find the definitions.", *reads[self.turn - 1])
+            guess = getattr(self.env, "line_guess", lambda t, c: None)(self.task, prompt)
+            return _answer(guess or UNKNOWN, "Its first read is usually just below its def.")
         if self.name in ("first_argument", "random_argument"):
             # code_nav chain and trace: read the first definition's call (the plan up to the
             # find_def after the first read), then answer one of the call's arguments without
@@ -284,11 +294,13 @@ class Trivial:
             if self.turn <= len(self.searches):
                 return Demonstrator._turn("I search.", "search", self.searches[self.turn - 1])
             return _answer(last[0] if last else UNKNOWN, "The last listing's first title.")
-        raise ValueError(f"unknown trivial strategy {self.name!r}; known: {', '.join(TRIVIAL)}")
+        raise ValueError(f"unknown trivial strategy {self.name!r}; known: {', '.join(KNOWN)}")
 
 
 TRIVIAL = ("first_result", "listed_title", "frequent", "random")
 CODE_TRIVIAL = ("first_argument", "random_argument", "frequent", "random")  # code_nav chain
+TRACE_TRIVIAL = (*CODE_TRIVIAL, "def_line")  # code_nav trace
+KNOWN = tuple(dict.fromkeys([*TRIVIAL, *TRACE_TRIVIAL]))
 
 
 def audit_reply(
