@@ -385,8 +385,8 @@ def first_use(
     modules: dict[str, Module], fns: list[Fn], window: int = 50
 ) -> list[tuple[Question, Flow]]:
     """Every ``first_use`` question of the code base (``fns``: its :func:`functions`): line
-    ``N`` of ``f`` calls ``h``, which hands values it received on to one other function,
-    ``k``; which of the call's arguments does ``k`` read first, and on which line? The question
+    ``N`` of ``f`` calls ``h``, whose first call that is passed one of the values is ``k``'s;
+    which of the call's arguments does ``k`` read first, and on which line? The question
     names only ``f``'s file and the line, so the three reads follow each other: ``f``'s call
     names ``h`` and binds its arguments to ``h``'s parameters, ``h``'s body names ``k`` and
     which parameter goes where, ``k``'s body shows which it reads first; the call's arguments,
@@ -395,8 +395,9 @@ def first_use(
     The question says which call of ``h`` is ``k``'s without naming it: the first (in the
     source's order) that is passed one of the values as a plain name, unchanged. A question is
     kept where the line names the call (no other call spans it but those inside the call's own
-    arguments), the argument is one short line and not a constant, that first call resolves to
-    ``k`` (not to a builtin or a method of some object), no nested function or lambda of ``h``
+    arguments), the argument is one short line and not a constant, ``h`` reassigns none of the
+    values, that first call resolves to ``k`` (not to a builtin or a method of some object) and
+    is neither inside nor around another call passed one, no nested function or lambda of ``h``
     passes one of the values on (a reader could count it), ``k`` is handed each of the values
     it gets (or a local bound from one) as a plain parameter name (a value built from one,
     ``x.attr`` or ``x + 1``, would not be the call's argument), ``k``'s first read of them is
