@@ -975,6 +975,18 @@ class EvalConfig:
             )
 
 
+# acmrl audit's trivial strategies (acmrl/teacher/ceiling.py): kb_search's, then code_nav's
+TRIVIAL_STRATEGIES = (
+    "first_result",
+    "listed_title",
+    "frequent",
+    "random",
+    "first_argument",
+    "random_argument",
+    "def_line",
+)
+
+
 @dataclasses.dataclass
 class AuditConfig:
     """`acmrl audit`: what a task set admits before anything is trained: each arm's best
@@ -999,11 +1011,10 @@ class AuditConfig:
 
     def check(self) -> None:
         check_arms(self.arms)
-        known = ("first_result", "listed_title", "frequent", "random")
-        known += ("first_argument", "random_argument", "def_line")
-        unknown = [t for t in self.trivial if t not in known]
+        unknown = [t for t in self.trivial if t not in TRIVIAL_STRATEGIES]
         if unknown:
-            raise ConfigError(f"trivial: unknown strategies {unknown}; known: {', '.join(known)}")
+            known = ", ".join(TRIVIAL_STRATEGIES)
+            raise ConfigError(f"trivial: unknown strategies {unknown}; known: {known}")
 
 
 @dataclasses.dataclass

@@ -331,11 +331,10 @@ class CodeNav(Environment):
             self._tasks[split] = [self._task(split, q) for q in chosen]
         # dev and test halve the eval split by group: settings and checkpoints are chosen on
         # dev, reports are read on test (never used for a choice)
-        for q in (self._questions[t.id] for t in list(self._tasks["eval"])):
+        self._tasks["dev"], self._tasks["test"] = [], []
+        for q in (self._questions[t.id] for t in self._tasks["eval"]):
             half = "dev" if _split_of(f"{q.group or q.key}#dev", 0.5) == "eval" else "test"
-            self._tasks.setdefault(half, []).append(self._task(half, q))
-        for half in ("dev", "test"):
-            self._tasks.setdefault(half, [])
+            self._tasks[half].append(self._task(half, q))
         # first_use: how far below its def k's first read most often is, on the train split
         offsets = Counter(
             fl.k_use - fl.k[2]

@@ -54,7 +54,7 @@ class Mixture(Environment):
                     if self._owner.get(task.id, member) is not member:
                         raise EnvError(f"mixture: task id {task.id!r} occurs twice")
                     self._owner[task.id] = member
-                    self._tasks.setdefault(split, []).append(task)
+                    self._tasks[split].append(task)
         budgets = {m.max_context_tokens for m in self.members}
         self.max_context_tokens = min(b for b in budgets if b) if any(budgets) else None
         self.documents = [d for m in self.members for d in getattr(m, "documents", []) or []]

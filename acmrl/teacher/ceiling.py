@@ -20,8 +20,8 @@ with three changes that make it the best an arm can do without knowing the answe
   memory (for a detail it knew to matter when its reflections wrote it), every arm may read the
   document again.
 
-The trivial strategies (:data:`TRIVIAL`) play the ``react`` arm and read nothing but search
-listings, if that.
+The trivial strategies (:class:`Trivial`, named in :data:`acmrl.config.TRIVIAL_STRATEGIES`) play
+the ``react`` arm and read nothing but search listings, if that (code_nav's read the call).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from acmrl.config import TRIVIAL_STRATEGIES
 from acmrl.envs.base import ANSWER_TOOL, Environment, Evidence, Task
 from acmrl.teacher.demonstrate import Demonstrator
 from acmrl.teacher.oracle import _next_needed, _opened
@@ -236,7 +237,8 @@ class Trivial:
         self.name, self.env, self.task = name, env, task
         # the training answers of other tasks (an audit of the train split never sees its own)
         self.answers = [a for task_id, a in answers if task_id != task.id]
-        self.searches = [a for n, a in env.oracle_plan(task) if n == "search"]
+        self.plan = env.oracle_plan(task)  # the reading strategies follow a prefix of it
+        self.searches = [a for n, a in self.plan if n == "search"]
         self.turn = 0
 
     def __call__(self, session_id: str, prompt: str) -> str:
@@ -252,7 +254,7 @@ class Trivial:
         if self.name == "def_line":
             # code_nav trace: read the call and h, find k (its def line) but do not read it,
             # and answer k's first argument at the most common offset below its def
-            plan = self.env.oracle_plan(self.task)
+            plan = self.plan
             finds = [i for i, (n, _) in enumerate(plan) if n == "find_def"]
             reads = plan[: finds[-1] + 1] if finds else []
             if self.turn <= len(reads):
@@ -263,7 +265,7 @@ class Trivial:
             # code_nav chain and trace: read the first definition's call (the plan up to the
             # find_def after the first read), then answer one of the call's arguments without
             # following it; first_use also asks for a line, and the call's is the one known
-            plan = self.env.oracle_plan(self.task)
+            plan = self.plan
             first = next((i for i, (n, _) in enumerate(plan) if n == "read_file"), len(plan))
             after = [i for i, (n, _) in enumerate(plan) if n == "find_def" and i > first]
             reads = plan[: after[0]] if after else []
@@ -294,13 +296,9 @@ class Trivial:
             if self.turn <= len(self.searches):
                 return Demonstrator._turn("I search.", "search", self.searches[self.turn - 1])
             return _answer(last[0] if last else UNKNOWN, "The last listing's first title.")
-        raise ValueError(f"unknown trivial strategy {self.name!r}; known: {', '.join(KNOWN)}")
-
-
-TRIVIAL = ("first_result", "listed_title", "frequent", "random")
-CODE_TRIVIAL = ("first_argument", "random_argument", "frequent", "random")  # code_nav chain
-TRACE_TRIVIAL = (*CODE_TRIVIAL, "def_line")  # code_nav trace
-KNOWN = tuple(dict.fromkeys([*TRIVIAL, *TRACE_TRIVIAL]))
+        raise ValueError(
+            f"unknown trivial strategy {self.name!r}; known: {', '.join(TRIVIAL_STRATEGIES)}"
+        )
 
 
 def audit_reply(
