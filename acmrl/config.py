@@ -393,6 +393,17 @@ class AgentConfig:
     )
     evolve_time_ms: int = option(250, "evolve: CPU-time limit of one run", min=1)
     evolve_heap_mb: int = option(16, "evolve: JavaScript heap limit", min=1)
+    evolve_prompt: Literal["full", "brief", "none"] = option(
+        "full",
+        "evolve: how much of the State the system prompt and the tool describe: 'full' the "
+        "item types and the rules, 'brief' the item shapes in one line, 'none' only that the "
+        "context is an array of items (a trained student; docs/rollout.md)",
+    )
+    evolve_keep_code: bool = option(
+        True,
+        "evolve: a program's text stays in the context after it ran; false replaces it with a "
+        "one-line stub (its receipt stays) so that later inputs do not carry it",
+    )
     repeat_rule: bool = option(
         False,
         "every arm: an environment call identical to an earlier one of the episode whose result "

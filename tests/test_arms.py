@@ -58,8 +58,8 @@ class Scratch(Arm):
     def start(self, ep: Any) -> None:
         ep.notes = []
 
-    def system_prompt(self, budget: int) -> str:
-        return super().system_prompt(budget) + "\n\nnote(text) keeps a line."
+    def system_prompt(self, budget: int, agent: Any = None) -> str:
+        return super().system_prompt(budget, agent) + "\n\nnote(text) keeps a line."
 
     def run_call(self, ep: Any, call_id: str, call: Any) -> Any:
         ep.notes.append(call.arguments["text"])
@@ -88,3 +88,26 @@ def test_a_new_arm_is_one_class(env, tokenizer, monkeypatch):
     assert ep.traj.steps[0].observations == ["1 notes kept."]
     assert ep.traj.status == "answered"
     assert "note(text) keeps a line." in tokenizer.decode(ep.traj.steps[0].call.prompt_ids)
+
+
+def test_the_evolve_prompt_comes_in_three_sizes(env, tokenizer):
+    from acmrl.context.render import Renderer
+
+    task = env.tasks("eval")[0]
+    tools = env.session(task).tools
+
+    def fixed(arm, **agent):
+        cfg = AgentConfig(**agent)
+        system = get_arm(arm).system_prompt(2048, cfg)
+        return len(Renderer(tokenizer, system, arm_tools(tools, arm, cfg)).ids([], False))
+
+    sizes = [fixed("evolve", evolve_prompt=p) for p in ("full", "brief", "none")]
+    assert sizes[0] > sizes[1] > sizes[2] > fixed("react")
+    assert sizes[0] == fixed("evolve")  # the default is the full description
+    # every size keeps one evolve tool whose code is its only argument
+    for p in ("full", "brief", "none"):
+        (schema,) = get_arm("evolve").tool_schemas(AgentConfig(evolve_prompt=p))
+        assert schema["function"]["name"] == "evolve"
+        assert schema["function"]["parameters"]["required"] == ["code"]
+    # other arms ignore the setting
+    assert fixed("acm", evolve_prompt="none") == fixed("acm")

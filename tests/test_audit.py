@@ -141,3 +141,30 @@ def test_audit_cli_rejects_an_unknown_strategy(tmp_path):
     )
     assert res.returncode == 2
     assert "trivial: unknown strategies ['oracle']" in res.stderr
+
+
+def test_an_audit_reports_each_arms_fixed_prompt(tmp_path, default_model_dir):
+    _, full = _audit(tmp_path / "a", default_model_dir, "tiny", 1, max_context_tokens=1300)
+    _, brief = _audit(
+        tmp_path / "b", default_model_dir, "tiny", 1, max_context_tokens=1300, evolve_prompt="brief"
+    )
+    fixed = full["fixed_prompt_tokens"]
+    assert list(fixed) == ["react", "summary", "memory", "acm", "evolve"]
+    assert fixed["react"] == fixed["summary"] < fixed["memory"] < fixed["acm"] < fixed["evolve"]
+    assert brief["fixed_prompt_tokens"]["evolve"] < fixed["evolve"]
+    assert brief["fixed_prompt_tokens"]["acm"] == fixed["acm"]
+    md = (tmp_path / "a" / "tiny" / "audit.md").read_text()
+    assert f"evolve {fixed['evolve']:,}." in md
+
+
+def test_an_audit_folder_from_before_an_agent_option_existed_resumes(tmp_path, default_model_dir):
+    _audit(tmp_path, default_model_dir, "tiny", 1, max_context_tokens=1300)
+    path = tmp_path / "tiny" / "audit-settings.json"
+    saved = json.loads(path.read_text())
+    del saved["agent"]["evolve_prompt"]  # as written before the option existed
+    path.write_text(json.dumps(saved))
+    _audit(tmp_path, default_model_dir, "tiny", 1, max_context_tokens=1300)  # its default then
+    with pytest.raises(ValueError, match=r"agent.evolve_prompt: 'full' -> 'none'"):
+        _audit(
+            tmp_path, default_model_dir, "tiny", 1, max_context_tokens=1300, evolve_prompt="none"
+        )

@@ -310,3 +310,29 @@ def test_each_arm_demonstrates_its_own_best_policy_on_chain(tokenizer):
         # the answer turn cites the sentence in view that states the answer
         last = [s for s in acm.steps if s.call is not None][-1]
         assert last.text.startswith(env.answer_evidence(task)[-1].text.rstrip(".")), last.text
+
+
+def test_evolve_programs_stub_earlier_code_only_where_the_harness_did_not(tokenizer):
+    chain = load("kb_search", preset="chain", seed=1)
+    clause = "i.name === 'evolve'"
+    programs = {}
+    for keep in (True, False):
+        runs = demonstrate(
+            chain,
+            chain.tasks("train")[:3],
+            ["evolve"],
+            tokenizer,
+            agent=AgentConfig(max_turns=30, max_context_tokens=4096, evolve_keep_code=keep),
+            sampling=SamplingConfig(max_new_tokens=512),
+            pressure=0.05,  # an edit after every read
+        )
+        programs[keep] = [
+            [a["arguments"]["code"] for s in d.steps for a in s.actions if a["name"] == "evolve"]
+            for d in runs
+        ]
+    assert all(len(p) >= 2 for p in programs[True]), programs[True]
+    # the first program has no earlier one to stub; each later one stubs it while it shows
+    assert all(clause not in p[0] and all(clause in q for q in p[1:]) for p in programs[True])
+    # with the harness stubbing each applied program, no program carries the clause
+    assert [len(p) for p in programs[False]] == [len(p) for p in programs[True]]
+    assert not any(clause in q for p in programs[False] for q in p)

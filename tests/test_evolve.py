@@ -232,3 +232,29 @@ def test_limits_must_be_positive():
 def test_caller_bugs_raise():
     with pytest.raises(ValueError, match="in-flight evolve call"):
         apply_evolve(base_state())
+
+
+def test_an_applied_programs_text_can_leave_the_context(tokenizer):
+    from acmrl.context.evolve import APPLIED_CODE
+
+    r = Renderer(tokenizer)
+    code = "return state.filter(i => i.type !== 'message' || i.role === 'user');"
+    kept = run(code, renderer=r, call_tokens=30)
+    gone = run(code, renderer=r, call_tokens=30, keep_code=False)
+    assert kept.applied and gone.applied
+    assert kept.state[:-2] == gone.state[:-2]  # the same edit
+    assert json.loads(kept.state[-2]["arguments"])["code"] == code
+    assert gone.state[-2]["arguments"] == APPLIED_CODE
+    assert gone.state[-2]["call_id"] == "ev" and gone.state[-1]["call_id"] == "ev"
+    validate(gone.state, allow_pending_evolve=False)
+    # the next input is shorter by the program; an edit before the call makes the call new
+    # input either way, the stub costing less than the program
+    assert gone.receipt["tokens_after"] < kept.receipt["tokens_after"]
+    assert gone.receipt["cache_cost"] < kept.receipt["cache_cost"]
+    # after an edit that changes nothing else, the stub is the only new input
+    noop = run("return state;", renderer=r, call_tokens=5, keep_code=False)
+    assert 0 < noop.receipt["cache_cost"] < 20
+    assert noop.receipt["compaction_cost"] == 5 + noop.receipt["cache_cost"]
+    # a refused program stays, so that its receipt's error can be read against it
+    bad = run("return 1;", keep_code=False)
+    assert not bad.applied and json.loads(bad.state[-2]["arguments"])["code"] == "return 1;"

@@ -412,3 +412,24 @@ def test_force_compaction_keeps_acm_under_the_budget(env, tiny):
     assert peak <= budget
     assert plain.metrics["peak_context_tokens"] > 0.8 * budget  # without it the input grew past
     assert "S1" in tiny.tokenizer.decode(traj.steps[-1].call.prompt_ids)  # the summary in view
+
+
+def test_evolve_can_drop_a_programs_text_once_it_ran(env, tiny):
+    task = env.tasks("eval")[0]
+    plan = env.oracle_plan(task)
+    drop = "return state.map(i => i.type === 'function_call_output' ? {...i, output: 'x'} : i);"
+    texts = [*calls(plan[:2]), format_tool_call("evolve", {"code": drop}), *calls(plan[2:])]
+    runs = {}
+    for keep in (True, False):
+        ep = episode(
+            env, task, "evolve", tiny.tokenizer, max_context_tokens=4096, evolve_keep_code=keep
+        )
+        runs[keep] = play(ep, texts, tiny)
+    for keep, traj in runs.items():
+        after = tiny.tokenizer.decode(traj.steps[3].call.prompt_ids)  # the turn after the edit
+        assert ("output: 'x'" in after) is keep, keep
+        assert '"(applied)"' in after or keep
+        assert [e.applied for s in traj.steps for e in s.events] == [True]
+    kept, gone = (runs[k].steps[3].call.prompt_ids for k in (True, False))
+    assert len(gone) < len(kept)
+    assert runs[False].status == "answered"  # the episode went on to the answer

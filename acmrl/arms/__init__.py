@@ -36,9 +36,10 @@ def get_arm(name: str) -> Arm:
         raise ValueError(f"unknown arm {name!r}; arms: {', '.join(REGISTRY)}") from None
 
 
-def arm_tools(env_tools: list[dict[str, Any]], arm: str) -> list[dict[str, Any]]:
-    """The tools of an arm: the environment's, then the arm's own."""
-    return [*env_tools, *get_arm(arm).tools]
+def arm_tools(env_tools: list[dict[str, Any]], arm: str, agent: Any = None) -> list[dict[str, Any]]:
+    """The tools of an arm under the agent settings ``agent``: the environment's, then the
+    arm's own."""
+    return [*env_tools, *get_arm(arm).tool_schemas(agent)]
 
 
 __all__ = ["REGISTRY", "Arm", "Turn", "arm_tools", "get_arm"]

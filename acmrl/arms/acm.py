@@ -60,7 +60,7 @@ class Acm(Arm):
     injection_says = "I will compact my earlier steps before I continue."
     resumes_from_summary = True
 
-    def system_prompt(self, budget: int) -> str:
+    def system_prompt(self, budget: int, agent: Any = None) -> str:
         return f"{prompts.BASE_PROMPT}\n\n{ACM_PROMPT.format(budget=budget)}"
 
     def start(self, ep: Any) -> None:

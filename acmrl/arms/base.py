@@ -41,9 +41,14 @@ class Arm:
     def tool_names(self) -> set[str]:
         return {t["function"]["name"] for t in self.tools}
 
-    def system_prompt(self, budget: int) -> str:
-        """The system prompt of an episode under a context budget of ``budget`` tokens."""
+    def system_prompt(self, budget: int, agent: Any = None) -> str:
+        """The system prompt of an episode under a context budget of ``budget`` tokens, with
+        the agent settings ``agent`` (an :class:`~acmrl.config.AgentConfig`; None: defaults)."""
         return BASE_PROMPT
+
+    def tool_schemas(self, agent: Any = None) -> Sequence[dict[str, Any]]:
+        """The arm's own tool schemas under the agent settings ``agent`` (None: defaults)."""
+        return self.tools
 
     # -- the harness (acmrl.rollout.agent.Episode) ------------------------------------------------
     # An episode offers: state, task, env, agent, budget, turn, traj, step (the current policy

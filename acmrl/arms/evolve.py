@@ -13,7 +13,13 @@ from typing import Any
 
 from acmrl.arms.base import Arm
 from acmrl.arms.evolve_edits import keep_facts_code
-from acmrl.context.evolve import EVOLVE_TOOL_SCHEMA, STATE_PROMPT, EvolveLimits, apply_evolve
+from acmrl.context.evolve import (
+    EVOLVE_TOOL_SCHEMA,
+    STATE_PROMPTS,
+    EvolveLimits,
+    apply_evolve,
+    evolve_tool_schema,
+)
 from acmrl.context.state import EVOLVE_TOOL, output_text
 from acmrl.rollout import prompts
 
@@ -27,8 +33,13 @@ class Evolve(Arm):
     demo_compaction_says = "so I will cut what I have read down to its facts."
     injection_says = "I will cut the documents I have read down to their facts."
 
-    def system_prompt(self, budget: int) -> str:
-        return f"{prompts.BASE_PROMPT}\n\n{STATE_PROMPT}"
+    def system_prompt(self, budget: int, agent: Any = None) -> str:
+        size = agent.evolve_prompt if agent is not None else "full"
+        return f"{prompts.BASE_PROMPT}\n\n{STATE_PROMPTS[size]}"
+
+    def tool_schemas(self, agent: Any = None) -> tuple[dict[str, Any], ...]:
+        size = agent.evolve_prompt if agent is not None else "full"
+        return (evolve_tool_schema(size),)
 
     def run_call(self, ep: Any, call_id: str, call: Any) -> Any:
         limits = EvolveLimits(
@@ -41,6 +52,7 @@ class Evolve(Arm):
             call_tokens=call.tokens,
             output_weight=ep.agent.output_weight,
             before_ids=ep.last_input,
+            keep_code=ep.agent.evolve_keep_code,
         )
         ep.state = result.state
         ep.step.observations.append(output_text(ep.state[-1]))

@@ -12,7 +12,9 @@ clauses that State calls for, so that the edit costs few generated tokens):
   terms only the ones that select in that State (:func:`selective_terms`);
 - collapse repeated calls: of several identical calls (same tool, same arguments) only the
   latest result stays; the older ones say where to look;
-- an earlier evolve call's code is replaced by ``(applied)``: its edit is in the State;
+- an earlier evolve call's code is replaced by ``(applied)``: its edit is in the State (only
+  where the State still shows one, :func:`holds_code`: the harness stubs it itself under
+  ``agent.evolve_keep_code: false``);
 - keep the task and the latest plan: user and assistant messages are never touched.
 
 The check (:func:`dropped`) is what makes such an edit safe to teach: the program is run in the
@@ -49,6 +51,20 @@ _GUARD = "i.type !== 'function_call_output' || typeof i.output !== 'string' ? i\
 _CUT = """i.output.length < __SHORT__ ? i
   : {...i, output: i.output.split(/\\n+|(?<=\\.)\\s+/).filter(p => need.some(t => p.includes(t))).join('\\n')
       || i.output.slice(0, 120)}"""
+
+
+# an evolve call in rendered text whose program is still there (not yet "(applied)", by an
+# earlier program's clause or by the harness, agent.evolve_keep_code=false)
+_LIVE_CODE = re.compile(r'"name": "evolve", "arguments": \{"code": ?"(?!\(applied\)")')
+
+
+def holds_code(text: str) -> bool:
+    """Whether the rendered context ``text`` shows an evolve call whose program is still there.
+
+    >>> holds_code('{"name": "evolve", "arguments": {"code": "(applied)"}}')
+    False
+    """
+    return _LIVE_CODE.search(text) is not None
 
 
 def _answers(task: Task) -> list[str]:

@@ -48,7 +48,7 @@ class Memory(Arm):
     name = "memory"
     tools = MEMORY_TOOLS
 
-    def system_prompt(self, budget: int) -> str:
+    def system_prompt(self, budget: int, agent: Any = None) -> str:
         return f"{prompts.BASE_PROMPT}\n\n{MEMORY_PROMPT}"
 
     def start(self, ep: Any) -> None:

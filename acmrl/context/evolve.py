@@ -98,6 +98,11 @@ def _code_of(call: dict[str, Any]) -> str:
     return args["code"]
 
 
+# what an applied program's call holds once its text has left the context (``keep_code=False``;
+# the teacher's programs write the same for earlier calls, acmrl.arms.evolve_edits)
+APPLIED_CODE = json.dumps({"code": "(applied)"})
+
+
 def _receipt(call_id: str, body: dict[str, Any]) -> FunctionCallOutput:
     return {"type": "function_call_output", "call_id": call_id, "output": json.dumps(body)}
 
@@ -110,6 +115,7 @@ def apply_evolve(
     call_tokens: int | None = None,
     output_weight: float = 1.0,
     before_ids: list[int] | None = None,
+    keep_code: bool = True,
 ) -> EvolveResult:
     """Execute the in-flight ``evolve`` call that ends ``state``.
 
@@ -118,6 +124,10 @@ def apply_evolve(
     when omitted and a renderer is given, the call's text is tokenised to count them.
     ``before_ids`` (the previous prompt ids + the call's completion ids, which the agent loop
     already holds) saves rendering the old State again.
+    ``keep_code=False`` replaces an applied program's text by :data:`APPLIED_CODE` in the State
+    to continue from, so that later inputs do not carry it (the receipt stays; the measured
+    "after" is that State, so the stub's tokens count in the Cache Cost). A refused program's
+    text stays, for the model to see what its receipt's error refers to.
     A State that does not end in an evolve call, or is invalid, is a caller bug and raises.
     """
     limits = limits or EvolveLimits()
@@ -137,6 +147,8 @@ def apply_evolve(
     except EvolveRefused as exc:
         new_state, error = original, str(exc)
 
+    if error is None and not keep_code:
+        new_state = [*new_state[:-1], {**call, "arguments": APPLIED_CODE}]
     if error is None:
         body: dict[str, Any] = {"applied": True}
         if renderer is not None:
@@ -224,38 +236,58 @@ def evolve_call(call_id: str, code: str) -> dict[str, Any]:
     }
 
 
-EVOLVE_DESCRIPTION = (
-    "Edit your own working memory. `code` is the body of a JavaScript function that receives "
-    "`state` (the structured form of the context you see, described in the system message) and "
-    "returns the new State. Keep, drop, shorten, move, merge or annotate items; keep this evolve "
-    "call as the last item, unchanged. The code runs isolated with small time and memory limits; "
-    "an invalid result is rejected and your memory stays as it was. Edits cost tokens: the context "
-    "after the first changed token is processed again, so prefer edits near the end and keep "
-    "material you still need exactly as it is."
-)
-
-EVOLVE_TOOL_SCHEMA: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": EVOLVE_TOOL,
-        "description": EVOLVE_DESCRIPTION,
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "code": {
-                    "type": "string",
-                    "description": "JavaScript function body: (state) => newState, synchronous",
-                }
-            },
-            "required": ["code"],
-            "additionalProperties": False,
-        },
-    },
+# The tool's description and the system prompt's State suffix, in three sizes
+# (``agent.evolve_prompt``): ``full`` gives the item types and the rules (the Self-Evolving
+# Agents write-up, chapter 4), ``brief`` the item shapes in one line, ``none`` only that the
+# context is an array of items, for a student that has learnt the rest.
+EVOLVE_DESCRIPTIONS = {
+    "full": (
+        "Edit your own working memory. `code` is the body of a JavaScript function that receives "
+        "`state` (the structured form of the context you see, described in the system message) "
+        "and returns the new State. Keep, drop, shorten, move, merge or annotate items; keep this "
+        "evolve call as the last item, unchanged. The code runs isolated with small time and "
+        "memory limits; an invalid result is rejected and your memory stays as it was. Edits "
+        "cost tokens: the context after the first changed token is processed again, so prefer "
+        "edits near the end and keep material you still need exactly as it is."
+    ),
+    "brief": (
+        "Edit your working memory: `code` is a JavaScript function body that gets `state` and "
+        "returns the new State, with this call last and unchanged; an invalid result is "
+        "rejected. Edits near the end cost least; keep what you still need verbatim."
+    ),
+    "none": "Edit your working memory: `code` is a JavaScript body from `state` to the new State.",
 }
+EVOLVE_DESCRIPTION = EVOLVE_DESCRIPTIONS["full"]
 
-# Appended to the system prompt of the evolve arm: the State types, so that the model can write
-# code against the structure behind what it sees (the Self-Evolving Agents write-up, chapter 4).
-STATE_PROMPT = """\
+
+def evolve_tool_schema(prompt: str = "full") -> dict[str, Any]:
+    """The ``evolve`` tool's schema with the description of size ``prompt``."""
+    return {
+        "type": "function",
+        "function": {
+            "name": EVOLVE_TOOL,
+            "description": EVOLVE_DESCRIPTIONS[prompt],
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "code": {
+                        "type": "string",
+                        "description": "JavaScript function body: (state) => newState, synchronous",
+                    }
+                },
+                "required": ["code"],
+                "additionalProperties": False,
+            },
+        },
+    }
+
+
+EVOLVE_TOOL_SCHEMA: dict[str, Any] = evolve_tool_schema("full")
+
+# Appended to the system prompt of the evolve arm: the State's structure, so that the model can
+# write code against what it sees (the Self-Evolving Agents write-up, chapter 4).
+STATE_PROMPTS = {
+    "full": """\
 The conversation after this system message is your working memory, which you manage yourself with
 the `evolve` tool. It may already contain your earlier edits. It corresponds to this structure:
 
@@ -268,4 +300,11 @@ type Item =
 type State = Item[];
 
 Every function_call is answered by exactly one function_call_output with the same call_id, before
-the next message. When you edit, keep what later work needs and minimise the Compaction Cost."""
+the next message. When you edit, keep what later work needs and minimise the Compaction Cost.""",
+    "brief": """\
+The conversation after this system message is your working memory, which you edit with `evolve`:
+a State, an array of items {type: "message", role, content: [{type, text}]}, {type:
+"function_call", call_id, name, arguments} and {type: "function_call_output", call_id, output}.""",
+    "none": "The conversation after this system message is your working memory, an array of items.",
+}
+STATE_PROMPT = STATE_PROMPTS["full"]

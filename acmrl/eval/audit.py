@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from acmrl.config import AuditConfig, SamplingConfig
+from acmrl.config import AgentConfig, AuditConfig, SamplingConfig
 from acmrl.engines.scripted import ScriptedEngine
 from acmrl.eval.report import arm_summary, episode_row
 from acmrl.rollout.agent import Episode
@@ -67,10 +67,11 @@ def check_settings(out: Path, now: dict[str, Any]) -> None:
         _atomic_write(path, json.dumps(now, indent=1, sort_keys=True))
         return
     before, after = _flat(json.loads(path.read_text())), _flat(now)
+    # an agent option added since those episodes ran had its default there
+    default = _flat({"agent": dataclasses.asdict(AgentConfig())})
+    was = {k: before.get(k, default.get(k)) for k in set(before) | set(after)}
     changed = [
-        f"{k}: {before.get(k)!r} -> {after.get(k)!r}"
-        for k in sorted(set(before) | set(after))
-        if before.get(k) != after.get(k)
+        f"{k}: {was[k]!r} -> {after.get(k)!r}" for k in sorted(was) if was[k] != after.get(k)
     ]
     if changed:
         raise ValueError(
@@ -127,9 +128,27 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     wanted = {f"{t.id}#{arm}#{name}" for t in tasks for name, arm in strategies(cfg)}
     trajs = [t for t in read_trajectories(out / EPISODES) if t.episode_id in wanted]
     report = build_audit(trajs, cfg, budget)
+    report["fixed_prompt_tokens"] = fixed_prompts(env, tasks[0], tokenizer, cfg, budget)
     _atomic_write(out / "audit.json", json.dumps(report, indent=1))
     _atomic_write(out / "audit.md", audit_markdown(report))
     return report
+
+
+def fixed_prompts(
+    env: Any, task: Any, tokenizer: Any, cfg: AuditConfig, budget: int
+) -> dict[str, int]:
+    """Each audited arm's fixed prompt in tokens: its system message and tool schemas, as the
+    episode renders them under ``cfg.agent`` before the task's first message."""
+    from acmrl.arms import arm_tools, get_arm
+    from acmrl.context.render import Renderer
+
+    tools = env.session(task).tools
+    out = {}
+    for arm in dict.fromkeys(arm for _, arm in strategies(cfg)):
+        system = get_arm(arm).system_prompt(budget, cfg.agent)
+        renderer = Renderer(tokenizer, system, arm_tools(tools, arm, cfg.agent))
+        out[arm] = len(renderer.ids([], add_generation_prompt=False))
+    return out
 
 
 def build_audit(trajs: list[Any], cfg: AuditConfig, budget: int) -> dict[str, Any]:
@@ -174,6 +193,14 @@ def build_audit(trajs: list[Any], cfg: AuditConfig, budget: int) -> dict[str, An
     }
 
 
+def _fixed_line(report: dict[str, Any]) -> list[str]:
+    fixed = report.get("fixed_prompt_tokens") or {}
+    if not fixed:
+        return []
+    each = ", ".join(f"{arm} {n:,}" for arm, n in fixed.items())
+    return [f"Fixed prompt (system message and tool schemas), tokens: {each}.", ""]
+
+
 def audit_markdown(report: dict[str, Any]) -> str:
     opts = ", ".join(f"{k}={v}" for k, v in report["env_options"].items())
     lines = [
@@ -188,6 +215,7 @@ def audit_markdown(report: dict[str, Any]) -> str:
         "strategies play react and read no document (code_nav's first_argument and "
         "random_argument read the first definition).",
         "",
+        *_fixed_line(report),
         "| strategy | arm | Pass@1 [95% CI] | peak tokens (mean / max) | overflow | tool calls "
         "| compactions | query_memory | Compaction Cost/ep |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -76,8 +76,8 @@ class Episode:
         self.sample_helpers = sample_helpers
         self.budget = prompts.context_budget(agent, env)
         self.session = env.session(task)
-        self.tools = arm_tools(self.session.tools, arm)
-        system = self.arm_def.system_prompt(self.budget)
+        self.tools = arm_tools(self.session.tools, arm, agent)
+        system = self.arm_def.system_prompt(self.budget, agent)
         self.renderer = Renderer(tokenizer, system, self.tools)
         self.helper_renderer = Renderer(tokenizer, None, [])
         self.state: State = [user(task.prompt)]

@@ -93,7 +93,7 @@ def _assess(
                 seen=seen_text(ep.traj, a.step, ep.renderer.tokenizer),
                 reference=task.answer,
                 # an edit that switches arms is checked against the tools it switches to
-                tools=arm_tools(ep.session.tools, a.arm) if a.arm else ep.tools,
+                tools=arm_tools(ep.session.tools, a.arm, ep.agent) if a.arm else ep.tools,
                 known_names=known_names(env),
                 state=state_at(a.step) if evolve else None,
                 needed=_still_needed(env, task) if evolve else None,

@@ -40,6 +40,7 @@ import zlib
 from typing import Any
 
 from acmrl.arms import get_arm
+from acmrl.arms.evolve_edits import holds_code
 from acmrl.config import AgentConfig, SamplingConfig
 from acmrl.context.render import format_tool_call
 from acmrl.engines.scripted import ScriptedEngine
@@ -150,7 +151,7 @@ class Demonstrator:
                 self.env.oracle_plan(self.task),
                 prompt,
                 repeats=len(set(self.done)) < len(self.done),
-                old_code=self.evolved,
+                old_code=self.evolved and holds_code(prompt),
             )
             self.evolved = True  # evolve: its code can go once it has run
             why = f"My context is at {n} of {self.budget} tokens"

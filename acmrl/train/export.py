@@ -36,8 +36,8 @@ def agent_spec(cfg: ExportConfig) -> dict[str, Any]:
         "arm": cfg.arm,
         "env": cfg.env.name,
         "max_context_tokens": budget,
-        "system_prompt": get_arm(cfg.arm).system_prompt(budget),
-        "tools": arm_tools(env.session(task).tools, cfg.arm),
+        "system_prompt": get_arm(cfg.arm).system_prompt(budget, cfg.agent),
+        "tools": arm_tools(env.session(task).tools, cfg.arm, cfg.agent),
         "example_task": task.prompt,
     }
 
