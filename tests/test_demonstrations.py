@@ -13,6 +13,7 @@ import statistics
 import pytest
 
 from acmrl.config import AgentConfig, SamplingConfig
+from acmrl.context.evolve import APPLIED_CODE
 from acmrl.envs import load
 from acmrl.teacher.demonstrate import demonstrate
 
@@ -312,27 +313,37 @@ def test_each_arm_demonstrates_its_own_best_policy_on_chain(tokenizer):
         assert last.text.startswith(env.answer_evidence(task)[-1].text.rstrip(".")), last.text
 
 
-def test_evolve_programs_stub_earlier_code_only_where_the_harness_did_not(tokenizer):
+def test_evolve_programs_drop_spent_steps_and_fit_where_the_code_leaves(tokenizer):
+    """The teacher's program drops the spent steps (earlier evolve calls with their receipts,
+    searches already followed by a read, all but the latest thought), so the State holds one
+    evolve call at most; with the program's text out of the context (agent.evolve_keep_code:
+    false) the same plan fits a budget that the kept text overflows."""
     chain = load("kb_search", preset="chain", seed=1)
-    clause = "i.name === 'evolve'"
-    programs = {}
+    tasks = chain.tasks("train")[:4]
+    runs = {}
     for keep in (True, False):
-        runs = demonstrate(
+        runs[keep] = demonstrate(
             chain,
-            chain.tasks("train")[:3],
+            tasks,
             ["evolve"],
             tokenizer,
-            agent=AgentConfig(max_turns=30, max_context_tokens=4096, evolve_keep_code=keep),
+            agent=AgentConfig(
+                max_turns=30,
+                max_context_tokens=2048,
+                evolve_keep_code=keep,
+                evolve_prompt="none",
+                on_overflow="force_answer",
+            ),
             sampling=SamplingConfig(max_new_tokens=512),
             pressure=0.05,  # an edit after every read
+            policy="best",
         )
-        programs[keep] = [
-            [a["arguments"]["code"] for s in d.steps for a in s.actions if a["name"] == "evolve"]
-            for d in runs
-        ]
-    assert all(len(p) >= 2 for p in programs[True]), programs[True]
-    # the first program has no earlier one to stub; each later one stubs it while it shows
-    assert all(clause not in p[0] and all(clause in q for q in p[1:]) for p in programs[True])
-    # with the harness stubbing each applied program, no program carries the clause
-    assert [len(p) for p in programs[False]] == [len(p) for p in programs[True]]
-    assert not any(clause in q for p in programs[False] for q in p)
+    for d in runs[False]:
+        calls = [i for i in d.final_state if i.get("type") == "function_call"]
+        programs = [i for i in calls if i["name"] == "evolve"]
+        assert len(programs) <= 1 and all(p["arguments"] == APPLIED_CODE for p in programs)
+        edits = [a for s in d.steps for a in s.actions if a["name"] == "evolve"]
+        assert len(edits) >= 2 and d.score == 1.0, d.task_id
+        # of the searches only the one not yet followed by a read can be left
+        assert sum(i["name"] == "search" for i in calls) <= 1
+    assert sum(d.score for d in runs[True]) < sum(d.score for d in runs[False])

@@ -464,14 +464,14 @@ def test_teacher_evolve_edits_keep_what_the_plan_still_needs():
     )
     from acmrl.context.evolve import apply_evolve, evolve_call
 
-    after = apply_evolve([*state, evolve_call("e", code)]).state[: len(state)]
+    after = apply_evolve([*state, evolve_call("e", code)]).state[:-2]  # less call and receipt
     assert len(json.dumps(after)) < len(json.dumps(state)) * 0.8  # it did cut
     assert not dropped(state, after, needed)
     # written for the State it edits: the person's name, in every sentence of their page,
     # selects nothing and is left out; the cut keeps only the facts, and still drops nothing
     sharp = keep_facts_code(task, plan, seen, repeats=False)
     assert task.metadata["entities"][0] not in sharp.split("\n")[0] and len(sharp) < len(code)
-    cut = apply_evolve([*state, evolve_call("e", sharp)]).state[: len(state)]
+    cut = apply_evolve([*state, evolve_call("e", sharp)]).state[:-2]
     assert len(json.dumps(cut)) < len(json.dumps(after)) and not dropped(state, cut, needed)
     for fact in task.metadata["facts"]:
         assert fact.rstrip(".").split(" is ")[-1] in json.dumps(cut)
@@ -544,3 +544,37 @@ def test_a_second_compaction_is_not_a_repeated_call(env, tiny):
     a = OracleTeacher(env, pressure=0.75).assess(task, ep.traj, 4096)
     assert a.kind == "correction" and a.step == 5, (a.step, a.rationale)
     assert "already made this call" not in a.rationale
+
+
+def test_teacher_evolve_program_keeps_evidence_lines_no_name_marks():
+    """On code, the answer's evidence is a line that no name of the question selects: the
+    program keeps it verbatim (and the lines of the read that do not matter go); a line that
+    holds the answer never enters the program."""
+    from acmrl.arms.evolve_edits import keep_facts_code
+    from acmrl.context.evolve import apply_evolve, evolve_call
+    from acmrl.context.state import function_call, function_call_output, user
+    from acmrl.envs.base import Task
+
+    task = Task(
+        "t", "Line 3 of `m.py` (in `f`) calls a function ...", "b, line 9", {"gold_files": ["m.py"]}
+    )
+    window = "m.py lines 1-6 of 40\n" + "\n".join(
+        f"{n:5d}|     {line}"
+        for n, line in enumerate(
+            ["def f(a, b):", "    x = 1", "    return h(a, b)", "    # done", "", "y = 2"], 1
+        )
+    )
+    plan = [("read_file", {"path": "m.py", "start": 1}), ("answer", {"text": "b, line 9"})]
+    state = [
+        user(task.prompt),
+        function_call("c1", "read_file", {"path": "m.py", "start": 1}),
+        function_call_output("c1", window + "\n" + "    # filler line\n" * 10),
+    ]
+    evidence = ["return h(a, b)", "print(b, line 9)"]
+    code = keep_facts_code(task, plan, window, evidence=evidence)
+    assert "'return h(a, b)'" in code.splitlines()[0] and "line 9" not in code
+    kept = apply_evolve([*state, evolve_call("e", code)]).state[2]["output"]
+    assert "    3|         return h(a, b)" in kept and "filler" not in kept and "x = 1" not in kept
+    # without the evidence, nothing of the question selects the line
+    bare = apply_evolve([*state, evolve_call("e", keep_facts_code(task, plan, window))])
+    assert "return h(a, b)" not in bare.state[2]["output"]

@@ -13,6 +13,7 @@ fit.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from acmrl.arms.base import Arm, Turn
@@ -143,7 +144,14 @@ class Acm(Arm):
     # -- the teacher ------------------------------------------------------------------------------
 
     def compaction(
-        self, task: Any, plan: list[Any], seen: str, *, repeats: bool, old_code: bool
+        self,
+        task: Any,
+        plan: list[Any],
+        seen: str,
+        *,
+        repeats: bool,
+        old_code: bool,
+        evidence: Sequence[str] = (),
     ) -> tuple[str, dict[str, Any]]:
         return MANAGE_CONTEXT, {}
 

@@ -81,11 +81,25 @@ class Arm:
     # in_view(args, prompt).
 
     def compaction(
-        self, task: Any, plan: list[Any], seen: str, *, repeats: bool, old_code: bool
+        self,
+        task: Any,
+        plan: list[Any],
+        seen: str,
+        *,
+        repeats: bool,
+        old_code: bool,
+        evidence: Sequence[str] = (),
     ) -> tuple[str, dict[str, Any]]:
         """The compaction call the teacher makes or injects for this arm (``compacts`` arms),
-        given what the agent has seen: ``(tool name, arguments)``."""
+        given what the agent has seen and the texts of the answer's evidence
+        (:meth:`~acmrl.envs.base.Environment.answer_evidence`): ``(tool name, arguments)``."""
         raise NotImplementedError(f"the {self.name} arm does not compact by a call")
+
+    def compaction_reserve(self, policy: Any, prompt: str) -> int:
+        """Tokens a teacher that reads on must leave free for this arm's next compaction turn,
+        given the input ``prompt`` it has now: 0 when the turn is short (``manage_context()``),
+        the turn itself when it is long (an ``evolve`` program is generated into the input)."""
+        return 0
 
     def demo_detour(self, policy: Any, prompt: str, name: str, args: dict[str, Any]) -> Turn | None:
         """A turn the arm makes before the plan's next call ``name(args)``, in demonstrations

@@ -9,10 +9,11 @@ demonstrations and injected edits alike.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from acmrl.arms.base import Arm
-from acmrl.arms.evolve_edits import keep_facts_code
+from acmrl.arms.evolve_edits import holds_code, keep_facts_code
 from acmrl.context.evolve import (
     EVOLVE_TOOL_SCHEMA,
     STATE_PROMPTS,
@@ -20,6 +21,7 @@ from acmrl.context.evolve import (
     apply_evolve,
     evolve_tool_schema,
 )
+from acmrl.context.render import format_tool_call
 from acmrl.context.state import EVOLVE_TOOL, output_text
 from acmrl.rollout import prompts
 
@@ -65,9 +67,31 @@ class Evolve(Arm):
         )
         return None
 
+    def compaction_reserve(self, policy: Any, prompt: str) -> int:
+        task = policy.task
+        _, args = self.compaction(
+            task,
+            policy.env.oracle_plan(task),
+            prompt,
+            repeats=True,
+            old_code=holds_code(prompt),
+            evidence=[e.text for e in policy.env.answer_evidence(task)],
+        )
+        turn = f"{self.demo_compaction_says}\n{format_tool_call(EVOLVE_TOOL, args)}"
+        return len(policy.tok.encode(turn, add_special_tokens=False))
+
     def compaction(
-        self, task: Any, plan: list[Any], seen: str, *, repeats: bool, old_code: bool
+        self,
+        task: Any,
+        plan: list[Any],
+        seen: str,
+        *,
+        repeats: bool,
+        old_code: bool,
+        evidence: Sequence[str] = (),
     ) -> tuple[str, dict[str, Any]]:
         return EVOLVE_TOOL, {
-            "code": keep_facts_code(task, plan, seen, repeats=repeats, old_code=old_code)
+            "code": keep_facts_code(
+                task, plan, seen, repeats=repeats, old_code=old_code, evidence=evidence
+            )
         }

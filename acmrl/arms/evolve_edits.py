@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from acmrl.envs.base import Task
@@ -47,6 +48,19 @@ state.forEach((i, n) => {
 });
 """
 _REPEATED = "last[key[i.call_id]] !== n ? {...i, output: '(repeated later: see that result)'}\n  : "
+# spent steps leave, with their calls: every earlier evolve call with its receipt, and every call
+# that is not a read once a read came after it (the search that listed the document then
+# opened, the definition found and then read); of the assistant's messages only the latest (its
+# current plan) stays. The reads' own results stay, to be cut.
+_SPENT = """const gone = new Set(), say = state.map(i => i.role === 'assistant').lastIndexOf(true);
+for (let n = state.length - 2, later = false; n >= 0; n--) {
+  const i = state[n];
+  if (i.type !== 'function_call') continue;
+  if (__READS__.includes(i.name)) later = true;
+  else if (later || i.name === 'evolve') gone.add(i.call_id);
+}
+state = state.filter((i, n) => !gone.has(i.call_id) && (i.role !== 'assistant' || n === say));
+"""
 _GUARD = "i.type !== 'function_call_output' || typeof i.output !== 'string' ? i\n  : "
 _CUT = """i.output.length < __SHORT__ ? i
   : {...i, output: i.output.split(/\\n+|(?<=\\.)\\s+/).filter(p => need.some(t => p.includes(t))).join('\\n')
@@ -86,7 +100,11 @@ def needed_terms(task: Task, plan: list[tuple[str, dict[str, Any]]]) -> list[str
         if name in ("open", "read_file"):
             terms |= {str(v) for k, v in args.items() if k in ("doc_id", "path")}
     answers = [a.casefold() for a in _answers(task)]
-    return sorted(t for t in terms if len(t) > 2 and not any(a in t.casefold() for a in answers))
+    return sorted(
+        t
+        for t in terms
+        if len(t) > 2 and not any(a in t.casefold() or t.casefold() in a for a in answers)
+    )
 
 
 def selective_terms(terms: list[str], context: str, keep: set[str] = frozenset()) -> list[str]:
@@ -116,20 +134,34 @@ def keep_facts_code(
     *,
     repeats: bool = True,
     old_code: bool = False,
+    spent: bool = True,
+    evidence: Sequence[str] = (),
 ) -> str:
     """The keep-facts program for ``task``. Given ``context`` (what the State shows), its terms
-    are the :func:`selective_terms` there; ``repeats`` adds the collapse of repeated calls and
-    ``old_code`` the replacement of earlier evolve calls' code (their edits are applied)."""
+    are the :func:`selective_terms` there; ``repeats`` adds the collapse of repeated calls,
+    ``spent`` the removal of spent steps (earlier evolve calls, followed searches, all but the
+    latest assistant message) and, without it, ``old_code`` the replacement of earlier evolve
+    calls' code (their edits are applied). ``evidence`` (the answer's evidence texts) adds each
+    that no term selects and that holds no answer: a line of code, which no name marks."""
     terms = needed_terms(task, plan)
+    answers = [a.casefold() for a in _answers(task)]
+    terms += [
+        e
+        for e in dict.fromkeys(evidence)
+        if not any(t in e for t in terms) and not any(a in e.casefold() for a in answers)
+    ]
     if context is not None:
         terms = selective_terms(terms, context, keep=set(still_needed(task, plan)))
     head = f"const need = [{', '.join(_js_string(t) for t in terms)}];\n"
+    if spent:  # first: the clauses below index the State that is left
+        reads = sorted({name for name, _ in plan if name in ("open", "read_file")})
+        head += _SPENT.replace("__READS__", f"[{', '.join(_js_string(r) for r in reads)}]")
     body = _CUT.replace("__SHORT__", str(SHORT))
     if repeats:
         head += _REPEATS
         body = _REPEATED + body
     body = _GUARD + body
-    if old_code:
+    if old_code and not spent:
         body = _OLD_CODE + body
     return f"{head}return state.map((i, n) => {body});"
 

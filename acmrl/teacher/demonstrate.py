@@ -152,6 +152,7 @@ class Demonstrator:
                 prompt,
                 repeats=len(set(self.done)) < len(self.done),
                 old_code=self.evolved and holds_code(prompt),
+                evidence=[e.text for e in self.env.answer_evidence(self.task)],
             )
             self.evolved = True  # evolve: its code can go once it has run
             why = f"My context is at {n} of {self.budget} tokens"
@@ -206,13 +207,18 @@ class Demonstrator:
     def _would_overflow(self, prompt: str, name: str, args: dict[str, Any]) -> bool:
         """Whether the next call's result (a document, or search results) would push the input
         past the budget (the oracle knows how long it is): the input now, the turn that makes
-        the call and its result, with a margin for the result's wrapping. Then it compacts
-        first, whatever its pressure."""
+        the call and its result, with a margin for the result's wrapping, and room for the
+        arm's compaction turn after it unless it is the plan's last call
+        (:meth:`~acmrl.arms.Arm.compaction_reserve`). Then it compacts first, whatever its
+        pressure."""
         if name == "answer":
             return False
         text = str(self.env.session(self.task).call(name, args))
         turn = self._turn(_describe(name, args, self.task), name, args)
         n = sum(len(self.tok.encode(t, add_special_tokens=False)) for t in (prompt, turn, text))
+        calls = [step for step in self.env.oracle_plan(self.task) if step[0] != "answer"]
+        if self.arm_def.compacts and calls and (name, args) != calls[-1]:
+            n += self.arm_def.compaction_reserve(self, prompt)
         return n + 48 > self.budget
 
     def _search_last(self) -> tuple[str, dict[str, Any]]:

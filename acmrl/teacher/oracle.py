@@ -284,6 +284,7 @@ class OracleTeacher:
             seen_text(traj, i),
             repeats=len(set(before)) < len(before),
             old_code=any(name == "evolve" for name, _ in before),
+            evidence=[e.text for e in self.env.answer_evidence(task)],
         )
         return {"name": name, "arguments": args}, arm.injection_says
 
