@@ -42,9 +42,7 @@ def test_each_arms_tools_and_prompt(env):
     # the arms whose policy compacts by a call of its own have one among their tools
     for arm in REGISTRY.values():
         if arm.compacts:
-            name, _ = arm.compaction(
-                task, env.oracle_plan(task), task.prompt, repeats=False, old_code=False
-            )
+            name, _ = arm.compaction(task, env.oracle_plan(task), task.prompt, repeats=False)
             assert name in arm.tool_names, arm.name
     assert {a.name for a in REGISTRY.values() if a.compacts} == {"acm", "evolve"}
 

@@ -546,11 +546,12 @@ def test_a_second_compaction_is_not_a_repeated_call(env, tiny):
     assert "already made this call" not in a.rationale
 
 
-def test_teacher_evolve_program_keeps_evidence_lines_no_name_marks():
-    """On code, the answer's evidence is a line that no name of the question selects: the
-    program keeps it verbatim (and the lines of the read that do not matter go); a line that
-    holds the answer never enters the program."""
-    from acmrl.arms.evolve_edits import keep_facts_code
+def test_teacher_evolve_program_keeps_the_lines_the_environment_names():
+    """On code no name of the question selects the lines a later step needs: the program keeps
+    the lines the environment's notes keep (notes_of: the whole call, every argument, so that
+    which one matters stays unknown until it is read), verbatim, and the rest of the read goes;
+    a line that holds the answer never enters the program."""
+    from acmrl.arms.evolve_edits import keep_facts_code, kept_lines
     from acmrl.context.evolve import apply_evolve, evolve_call
     from acmrl.context.state import function_call, function_call_output, user
     from acmrl.envs.base import Task
@@ -558,23 +559,35 @@ def test_teacher_evolve_program_keeps_evidence_lines_no_name_marks():
     task = Task(
         "t", "Line 3 of `m.py` (in `f`) calls a function ...", "b, line 9", {"gold_files": ["m.py"]}
     )
+    code_lines = [
+        "def f(a, b):",
+        "    x = 1",
+        "    return h(",
+        "        aa,",
+        "        b)",
+        "    )",
+    ]
     window = "m.py lines 1-6 of 40\n" + "\n".join(
-        f"{n:5d}|     {line}"
-        for n, line in enumerate(
-            ["def f(a, b):", "    x = 1", "    return h(a, b)", "    # done", "", "y = 2"], 1
-        )
+        f"{n:5d}|     {line}" for n, line in enumerate(code_lines, 1)
     )
+
+    class Env:  # the call on lines 3-5 is what the notes keep, as code_nav's do
+        def notes_of(self, task, result):
+            return [f"m.py:{n}: {code_lines[n - 1].strip()}" for n in (3, 4, 5, 6)]
+
+    keep = kept_lines(Env(), task, [window])
+    assert keep == ["return h(", "aa,"]  # "b)" and ")" would select too much
     plan = [("read_file", {"path": "m.py", "start": 1}), ("answer", {"text": "b, line 9"})]
     state = [
         user(task.prompt),
         function_call("c1", "read_file", {"path": "m.py", "start": 1}),
         function_call_output("c1", window + "\n" + "    # filler line\n" * 10),
     ]
-    evidence = ["return h(a, b)", "print(b, line 9)"]
-    code = keep_facts_code(task, plan, window, evidence=evidence)
-    assert "'return h(a, b)'" in code.splitlines()[0] and "line 9" not in code
+    code = keep_facts_code(task, plan, window, keep=[*keep, "b, line 9 is here"])
+    assert "'return h(', 'aa,'" in code.splitlines()[0] and "line 9" not in code
     kept = apply_evolve([*state, evolve_call("e", code)]).state[2]["output"]
-    assert "    3|         return h(a, b)" in kept and "filler" not in kept and "x = 1" not in kept
-    # without the evidence, nothing of the question selects the line
+    assert "    3|         return h(" in kept and "    4|             aa," in kept
+    assert "filler" not in kept and "x = 1" not in kept
+    # without them, nothing of the question selects the call
     bare = apply_evolve([*state, evolve_call("e", keep_facts_code(task, plan, window))])
-    assert "return h(a, b)" not in bare.state[2]["output"]
+    assert "return h(" not in bare.state[2]["output"]

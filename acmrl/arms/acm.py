@@ -150,8 +150,7 @@ class Acm(Arm):
         seen: str,
         *,
         repeats: bool,
-        old_code: bool,
-        evidence: Sequence[str] = (),
+        keep: Sequence[str] = (),
     ) -> tuple[str, dict[str, Any]]:
         return MANAGE_CONTEXT, {}
 

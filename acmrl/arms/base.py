@@ -87,12 +87,12 @@ class Arm:
         seen: str,
         *,
         repeats: bool,
-        old_code: bool,
-        evidence: Sequence[str] = (),
+        keep: Sequence[str] = (),
     ) -> tuple[str, dict[str, Any]]:
         """The compaction call the teacher makes or injects for this arm (``compacts`` arms),
-        given what the agent has seen and the texts of the answer's evidence
-        (:meth:`~acmrl.envs.base.Environment.answer_evidence`): ``(tool name, arguments)``."""
+        given what the agent has seen and the lines of its results that the environment says a
+        teacher keeps verbatim (``keep``: :func:`acmrl.arms.evolve_edits.kept_lines`):
+        ``(tool name, arguments)``."""
         raise NotImplementedError(f"the {self.name} arm does not compact by a call")
 
     def compaction_reserve(self, policy: Any, prompt: str) -> int:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from acmrl.arms.base import Arm
-from acmrl.arms.evolve_edits import holds_code, keep_facts_code
+from acmrl.arms.evolve_edits import TOOL_RESPONSE, keep_facts_code, kept_lines
 from acmrl.context.evolve import (
     EVOLVE_TOOL_SCHEMA,
     STATE_PROMPTS,
@@ -74,8 +74,7 @@ class Evolve(Arm):
             policy.env.oracle_plan(task),
             prompt,
             repeats=True,
-            old_code=holds_code(prompt),
-            evidence=[e.text for e in policy.env.answer_evidence(task)],
+            keep=kept_lines(policy.env, task, TOOL_RESPONSE.findall(prompt)),
         )
         turn = f"{self.demo_compaction_says}\n{format_tool_call(EVOLVE_TOOL, args)}"
         return len(policy.tok.encode(turn, add_special_tokens=False))
@@ -87,11 +86,6 @@ class Evolve(Arm):
         seen: str,
         *,
         repeats: bool,
-        old_code: bool,
-        evidence: Sequence[str] = (),
+        keep: Sequence[str] = (),
     ) -> tuple[str, dict[str, Any]]:
-        return EVOLVE_TOOL, {
-            "code": keep_facts_code(
-                task, plan, seen, repeats=repeats, old_code=old_code, evidence=evidence
-            )
-        }
+        return EVOLVE_TOOL, {"code": keep_facts_code(task, plan, seen, repeats=repeats, keep=keep)}

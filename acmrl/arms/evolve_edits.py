@@ -12,10 +12,9 @@ clauses that State calls for, so that the edit costs few generated tokens):
   terms only the ones that select in that State (:func:`selective_terms`);
 - collapse repeated calls: of several identical calls (same tool, same arguments) only the
   latest result stays; the older ones say where to look;
-- an earlier evolve call's code is replaced by ``(applied)``: its edit is in the State (only
-  where the State still shows one, :func:`holds_code`: the harness stubs it itself under
-  ``agent.evolve_keep_code: false``);
-- keep the task and the latest plan: user and assistant messages are never touched.
+- drop spent steps: every earlier evolve call with its receipt (its edit is in the State), every
+  call that is not a read once a read came after it (the listing of the document then opened),
+  every assistant message but the latest; the task and other user messages stay.
 
 The check (:func:`dropped`) is what makes such an edit safe to teach: the program is run in the
 sandbox on the student's State, and the edit is refused if the result lost a string that the
@@ -40,7 +39,6 @@ _SENTENCES = re.compile(r"\n+|(?<=\.)\s+")  # the program splits results the sam
 
 # The program, clause by clause: the teacher writes only the clauses the State calls for, so
 # that the edit costs few generated tokens (single quotes: no JSON escapes).
-_OLD_CODE = "i.type === 'function_call' && i.name === 'evolve' && n < state.length - 1 ? {...i, arguments: '{\"code\":\"(applied)\"}'}\n  : "
 _REPEATS = """const key = {}, last = {};
 state.forEach((i, n) => {
   if (i.type === 'function_call') key[i.call_id] = i.name + i.arguments;
@@ -67,18 +65,22 @@ _CUT = """i.output.length < __SHORT__ ? i
       || i.output.slice(0, 120)}"""
 
 
-# an evolve call in rendered text whose program is still there (not yet "(applied)", by an
-# earlier program's clause or by the harness, agent.evolve_keep_code=false)
-_LIVE_CODE = re.compile(r'"name": "evolve", "arguments": \{"code": ?"(?!\(applied\)")')
+# a tool result in the rendered input
+TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
 
 
-def holds_code(text: str) -> bool:
-    """Whether the rendered context ``text`` shows an evolve call whose program is still there.
-
-    >>> holds_code('{"name": "evolve", "arguments": {"code": "(applied)"}}')
-    False
-    """
-    return _LIVE_CODE.search(text) is not None
+def kept_lines(env: Any, task: Task, results: Sequence[str]) -> list[str]:
+    """The lines of ``results`` that the environment says a teacher keeps verbatim for ``task``
+    (:meth:`~acmrl.envs.base.Environment.notes_of`, which a summary's notes keep too: on code,
+    whole spans, such as a call with all its arguments), as their code reads."""
+    out: list[str] = []
+    for result in results:
+        for line in env.notes_of(task, result) or []:  # "path:line: code"
+            code = line.split(": ", 1)[-1]
+            # a bracket or a one-letter line would select every line that holds it
+            if len(code) > 2 and any(c.isalnum() for c in code) and code not in out:
+                out.append(code)
+    return out
 
 
 def _answers(task: Task) -> list[str]:
@@ -133,36 +135,32 @@ def keep_facts_code(
     context: str | None = None,
     *,
     repeats: bool = True,
-    old_code: bool = False,
-    spent: bool = True,
-    evidence: Sequence[str] = (),
+    keep: Sequence[str] = (),
 ) -> str:
     """The keep-facts program for ``task``. Given ``context`` (what the State shows), its terms
-    are the :func:`selective_terms` there; ``repeats`` adds the collapse of repeated calls,
-    ``spent`` the removal of spent steps (earlier evolve calls, followed searches, all but the
-    latest assistant message) and, without it, ``old_code`` the replacement of earlier evolve
-    calls' code (their edits are applied). ``evidence`` (the answer's evidence texts) adds each
-    that no term selects and that holds no answer: a line of code, which no name marks."""
+    are the :func:`selective_terms` there; ``repeats`` adds the collapse of repeated calls;
+    ``keep`` (:func:`kept_lines`) adds each line no term selects, such as a line of code.
+    Spent steps go first (:data:`_SPENT`): earlier evolve calls with their receipts, calls a
+    later read followed, all but the latest assistant message."""
     terms = needed_terms(task, plan)
     answers = [a.casefold() for a in _answers(task)]
-    terms += [
-        e
-        for e in dict.fromkeys(evidence)
-        if not any(t in e for t in terms) and not any(a in e.casefold() for a in answers)
+    lines = [
+        line
+        for line in keep
+        if not any(t in line for t in terms) and not any(a in line.casefold() for a in answers)
     ]
+    terms += lines
     if context is not None:
-        terms = selective_terms(terms, context, keep=set(still_needed(task, plan)))
+        terms = selective_terms(terms, context, keep={*still_needed(task, plan), *lines})
     head = f"const need = [{', '.join(_js_string(t) for t in terms)}];\n"
-    if spent:  # first: the clauses below index the State that is left
-        reads = sorted({name for name, _ in plan if name in ("open", "read_file")})
-        head += _SPENT.replace("__READS__", f"[{', '.join(_js_string(r) for r in reads)}]")
+    # first: the clauses below index the State that is left
+    reads = sorted({name for name, _ in plan if name in ("open", "read_file")})
+    head += _SPENT.replace("__READS__", f"[{', '.join(_js_string(r) for r in reads)}]")
     body = _CUT.replace("__SHORT__", str(SHORT))
     if repeats:
         head += _REPEATS
         body = _REPEATED + body
     body = _GUARD + body
-    if old_code and not spent:
-        body = _OLD_CODE + body
     return f"{head}return state.map((i, n) => {body});"
 
 

@@ -40,7 +40,7 @@ import zlib
 from typing import Any
 
 from acmrl.arms import get_arm
-from acmrl.arms.evolve_edits import holds_code
+from acmrl.arms.evolve_edits import TOOL_RESPONSE, kept_lines
 from acmrl.config import AgentConfig, SamplingConfig
 from acmrl.context.render import format_tool_call
 from acmrl.engines.scripted import ScriptedEngine
@@ -119,7 +119,6 @@ class Demonstrator:
         self.done: list[tuple[str, str]] = []
         self.opened: set[str] = set()  # documents read, whether still in context or not
         self.compacted = False  # a compaction since the last environment call
-        self.evolved = False  # an evolve call is in the State (its code can go)
         self.read_memory = False  # memory arm: the memory was read since the last env call
 
     def __call__(self, session_id: str, prompt: str) -> str:
@@ -151,10 +150,8 @@ class Demonstrator:
                 self.env.oracle_plan(self.task),
                 prompt,
                 repeats=len(set(self.done)) < len(self.done),
-                old_code=self.evolved and holds_code(prompt),
-                evidence=[e.text for e in self.env.answer_evidence(self.task)],
+                keep=kept_lines(self.env, self.task, TOOL_RESPONSE.findall(prompt)),
             )
-            self.evolved = True  # evolve: its code can go once it has run
             why = f"My context is at {n} of {self.budget} tokens"
             return self._turn(f"{why}, {self.arm_def.demo_compaction_says}", call, call_args)
         detour = self.arm_def.demo_detour(self, prompt, name, args)

@@ -28,6 +28,7 @@ import re
 from typing import Any
 
 from acmrl.arms import arm_tools, get_arm
+from acmrl.arms.evolve_edits import kept_lines
 from acmrl.envs.base import ANSWER_TOOL, Environment, Task
 from acmrl.rollout.records import Trajectory
 from acmrl.teacher.assessment import Assessment, seen_text
@@ -283,8 +284,7 @@ class OracleTeacher:
             self.env.oracle_plan(task),
             seen_text(traj, i),
             repeats=len(set(before)) < len(before),
-            old_code=any(name == "evolve" for name, _ in before),
-            evidence=[e.text for e in self.env.answer_evidence(task)],
+            keep=kept_lines(self.env, task, [o for t in steps[:i] for o in t.observations]),
         )
         return {"name": name, "arguments": args}, arm.injection_says
 
