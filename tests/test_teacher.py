@@ -591,3 +591,42 @@ def test_teacher_evolve_program_keeps_the_lines_the_environment_names():
     # without them, nothing of the question selects the call
     bare = apply_evolve([*state, evolve_call("e", keep_facts_code(task, plan, window))])
     assert "return h(" not in bare.state[2]["output"]
+
+
+def test_teacher_evolve_program_drops_spent_steps_and_keeps_the_pairs():
+    """The spent-step clause on a hand-built State: an earlier evolve call goes with its receipt,
+    a listing that a later read followed goes with its call, the listing not yet followed stays,
+    only the latest assistant message stays, and every call keeps its one result."""
+    from acmrl.arms.evolve_edits import keep_facts_code
+    from acmrl.context.evolve import apply_evolve, evolve_call
+    from acmrl.context.state import assistant, function_call, function_call_output, user
+    from acmrl.context.state import validate as valid_state
+    from acmrl.envs.base import Task
+
+    task = Task("t", "Where does Ann Lee work?", "Oslo Works", {"gold_docs": ["d1", "d2"]})
+    plan = [("search", {"query": "Ann Lee"}), ("open", {"doc_id": "d1"})]
+    state = [
+        user(task.prompt),
+        assistant("I will search for Ann Lee."),
+        function_call("s1", "search", {"query": "Ann Lee"}),
+        function_call_output("s1", "[d1] Ann Lee: a person."),
+        evolve_call("e1", "return state;"),
+        function_call_output("e1", '{"applied": true}'),
+        assistant("I will open d1."),
+        function_call("o1", "open", {"doc_id": "d1"}),
+        function_call_output("o1", "[d1] Ann Lee\nAnn Lee works at the mill by d2."),
+        function_call("s2", "search", {"query": "mill"}),
+        function_call_output("s2", "[d2] The mill: a building."),
+        assistant("My context is nearly full, so I will cut it."),
+    ]
+    code = keep_facts_code(task, plan, repeats=False)
+    result = apply_evolve([*state, evolve_call("e2", code)])
+    assert result.applied, result.error
+    valid_state(result.state, allow_pending_evolve=False)
+    ids = [i.get("call_id") for i in result.state if i["type"] != "message"]
+    assert ids == ["o1", "o1", "s2", "s2", "e2", "e2"]  # s1 was followed, e1 is spent
+    says = [i for i in result.state if i["type"] == "message" and i["role"] == "assistant"]
+    assert [m["content"][0]["text"] for m in says] == [
+        "My context is nearly full, so I will cut it."
+    ]
+    assert result.state[0] == state[0]  # the task stays first
