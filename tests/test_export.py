@@ -166,3 +166,21 @@ def test_push_to_hub_uploads_the_finished_folder(tmp_path, adapter, monkeypatch)
     assert {"model.safetensors", "README.md", "acmrl.json", "config.json"} <= set(files)
     with pytest.raises(ConfigError, match="hub_repo_id"):
         ExportConfig(push_to_hub=True).check()
+
+
+def test_the_spec_carries_the_agent_settings_the_policy_was_trained_under():
+    from acmrl.train.export import agent_spec, model_card
+
+    cfg = ExportConfig(arm="evolve")
+    cfg.env.options = {"preset": "tiny", "seed": 0}
+    default = agent_spec(cfg)
+    assert default["agent"] == {}
+    cfg.agent.evolve_prompt, cfg.agent.evolve_keep_code = "none", False
+    spec = agent_spec(cfg)
+    assert spec["agent"] == {"evolve_prompt": "none", "evolve_keep_code": False}
+    assert len(spec["system_prompt"]) < len(default["system_prompt"])
+    card = model_card(spec, "src", None, "no eval")
+    assert (
+        "acmrl rollout model.name=THIS_FOLDER arms=[evolve] agent.evolve_prompt=none "
+        "agent.evolve_keep_code=false" in card
+    )

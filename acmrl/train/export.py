@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from acmrl.arms import arm_tools, get_arm
-from acmrl.config import ExportConfig, to_dict
+from acmrl.config import AgentConfig, ExportConfig, to_dict
 from acmrl.context.render import Renderer
 from acmrl.rollout import prompts
 from acmrl.rollout.environment import build_environment
@@ -28,7 +28,9 @@ from acmrl.train.common import adapter_base, load_start_model
 
 
 def agent_spec(cfg: ExportConfig) -> dict[str, Any]:
-    """The system prompt, tools and budget an agent of ``cfg.arm`` sees on ``cfg.env``."""
+    """The system prompt, tools and budget an agent of ``cfg.arm`` sees on ``cfg.env``, and the
+    agent settings that differ from the defaults (the harness must run the policy with them:
+    ``agent.evolve_keep_code``, for one, changes what the policy reads after its own edits)."""
     env = build_environment(cfg.env)
     task = env.tasks(cfg.env.split)[0]
     budget = prompts.context_budget(cfg.agent, env)
@@ -39,7 +41,20 @@ def agent_spec(cfg: ExportConfig) -> dict[str, Any]:
         "system_prompt": get_arm(cfg.arm).system_prompt(budget, cfg.agent),
         "tools": arm_tools(env.session(task).tools, cfg.arm, cfg.agent),
         "example_task": task.prompt,
+        "agent": {k: v for k, v in to_dict(cfg.agent).items() if v != _DEFAULT_AGENT[k]},
     }
+
+
+_DEFAULT_AGENT = to_dict(AgentConfig())
+
+
+def _override(key: str, value: Any) -> str:
+    """``agent.KEY=VALUE`` as the command line reads it."""
+    if isinstance(value, bool):
+        return f"agent.{key}={str(value).lower()}"
+    if isinstance(value, str):
+        return f"agent.{key}={value}"
+    return f"agent.{key}={json.dumps(value)}"
 
 
 def _eval_table(eval_dir: str | None) -> str:
@@ -79,7 +94,12 @@ def model_card(
             "## Use",
             "",
             "```bash",
-            "acmrl rollout model.name=THIS_FOLDER arms=[" + spec["arm"] + "]",
+            " ".join(
+                [
+                    f"acmrl rollout model.name=THIS_FOLDER arms=[{spec['arm']}]",
+                    *(_override(k, v) for k, v in spec.get("agent", {}).items()),
+                ]
+            ),
             "```",
             "",
             "or with transformers: render the conversation with the tokenizer's chat template, "
