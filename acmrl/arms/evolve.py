@@ -28,6 +28,11 @@ from acmrl.rollout import prompts
 MiB = 1024 * 1024
 
 
+def _size(agent: Any) -> str:
+    """How much of the State the prompt describes (``agent.evolve_prompt``; None: full)."""
+    return agent.evolve_prompt if agent is not None else "full"
+
+
 class Evolve(Arm):
     name = "evolve"
     tools = (EVOLVE_TOOL_SCHEMA,)
@@ -36,12 +41,10 @@ class Evolve(Arm):
     injection_says = "I will cut the documents I have read down to their facts."
 
     def system_prompt(self, budget: int, agent: Any = None) -> str:
-        size = agent.evolve_prompt if agent is not None else "full"
-        return f"{prompts.BASE_PROMPT}\n\n{STATE_PROMPTS[size]}"
+        return f"{prompts.BASE_PROMPT}\n\n{STATE_PROMPTS[_size(agent)]}"
 
     def tool_schemas(self, agent: Any = None) -> tuple[dict[str, Any], ...]:
-        size = agent.evolve_prompt if agent is not None else "full"
-        return (evolve_tool_schema(size),)
+        return (evolve_tool_schema(_size(agent)),)
 
     def run_call(self, ep: Any, call_id: str, call: Any) -> Any:
         limits = EvolveLimits(

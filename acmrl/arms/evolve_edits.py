@@ -88,6 +88,12 @@ def _answers(task: Task) -> list[str]:
     return [str(a) for a in ans if str(a).strip()]
 
 
+def _gives_away(text: str, task: Task, part: bool = False) -> bool:
+    """Whether ``text`` holds an answer of ``task`` (``part``: or is a part of one)."""
+    t = text.casefold()
+    return any(a in t or (part and t in a) for a in (a.casefold() for a in _answers(task)))
+
+
 def needed_terms(task: Task, plan: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """What a kept line must mention: names and code symbols of the question, the ids and paths
     the plan reads, the entities and fact years of the metadata. No term is or contains an
@@ -101,12 +107,7 @@ def needed_terms(task: Task, plan: list[tuple[str, dict[str, Any]]]) -> list[str
     for name, args in plan:
         if name in ("open", "read_file"):
             terms |= {str(v) for k, v in args.items() if k in ("doc_id", "path")}
-    answers = [a.casefold() for a in _answers(task)]
-    return sorted(
-        t
-        for t in terms
-        if len(t) > 2 and not any(a in t.casefold() or t.casefold() in a for a in answers)
-    )
+    return sorted(t for t in terms if len(t) > 2 and not _gives_away(t, task, part=True))
 
 
 def selective_terms(terms: list[str], context: str, keep: set[str] = frozenset()) -> list[str]:
@@ -143,11 +144,8 @@ def keep_facts_code(
     Spent steps go first (:data:`_SPENT`): earlier evolve calls with their receipts, calls a
     later read followed, all but the latest assistant message."""
     terms = needed_terms(task, plan)
-    answers = [a.casefold() for a in _answers(task)]
     lines = [
-        line
-        for line in keep
-        if not any(t in line for t in terms) and not any(a in line.casefold() for a in answers)
+        line for line in keep if not any(t in line for t in terms) and not _gives_away(line, task)
     ]
     terms += lines
     if context is not None:

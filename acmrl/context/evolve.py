@@ -98,8 +98,7 @@ def _code_of(call: dict[str, Any]) -> str:
     return args["code"]
 
 
-# what an applied program's call holds once its text has left the context (``keep_code=False``;
-# the teacher's programs write the same for earlier calls, acmrl.arms.evolve_edits)
+# what an applied program's call holds once its text has left the context (``keep_code=False``)
 APPLIED_CODE = json.dumps({"code": "(applied)"})
 
 
@@ -257,7 +256,6 @@ EVOLVE_DESCRIPTIONS = {
     ),
     "none": "Edit your working memory: `code` is a JavaScript body from `state` to the new State.",
 }
-EVOLVE_DESCRIPTION = EVOLVE_DESCRIPTIONS["full"]
 
 
 def evolve_tool_schema(prompt: str = "full") -> dict[str, Any]:
@@ -307,4 +305,3 @@ a State, an array of items {type: "message", role, content: [{type, text}]}, {ty
 "function_call", call_id, name, arguments} and {type: "function_call_output", call_id, output}.""",
     "none": "The conversation after this system message is your working memory, an array of items.",
 }
-STATE_PROMPT = STATE_PROMPTS["full"]

@@ -213,9 +213,10 @@ class Demonstrator:
         text = str(self.env.session(self.task).call(name, args))
         turn = self._turn(_describe(name, args, self.task), name, args)
         n = sum(len(self.tok.encode(t, add_special_tokens=False)) for t in (prompt, turn, text))
-        calls = [step for step in self.env.oracle_plan(self.task) if step[0] != "answer"]
-        if self.arm_def.compacts and calls and (name, args) != calls[-1]:
-            n += self.arm_def.compaction_reserve(self, prompt)
+        if self.arm_def.compacts:
+            calls = [step for step in self.env.oracle_plan(self.task) if step[0] != "answer"]
+            if calls and (name, args) != calls[-1]:
+                n += self.arm_def.compaction_reserve(self, prompt)
         return n + 48 > self.budget
 
     def _search_last(self) -> tuple[str, dict[str, Any]]:
