@@ -24,6 +24,7 @@ from acmrl.context.evolve import (
 from acmrl.context.render import format_tool_call
 from acmrl.context.state import EVOLVE_TOOL, output_text
 from acmrl.rollout import prompts
+from acmrl.rollout.records import terms_kept
 
 MiB = 1024 * 1024
 
@@ -50,6 +51,7 @@ class Evolve(Arm):
         limits = EvolveLimits(
             time_ms=ep.agent.evolve_time_ms, heap_bytes=ep.agent.evolve_heap_mb * MiB
         )
+        before = ep.state[:-1]  # without the in-flight call
         result = apply_evolve(
             ep.state,
             limits,
@@ -61,11 +63,28 @@ class Evolve(Arm):
         )
         ep.state = result.state
         ep.step.observations.append(output_text(ep.state[-1]))
+        # an applied program's needed facts: the task's key terms the State held before it (not
+        # in the question), and those the items it returned still hold (its own call and receipt
+        # left out); a refused program changed nothing and is not scored
+        n_in = n_kept = 0
+        if result.applied:
+            n_in, n_kept = terms_kept(
+                ep.key_terms(),
+                prompts.items_text(before),
+                prompts.items_text(ep.state[:-2]),
+                ep.task.prompt,
+            )
         # applied or refused, the edit is charged its generated tokens and the Cache Cost of
         # the next input (the receipt's figures tell the model what the edit itself did)
         ep.step.events.append(
             ep.event(
-                EVOLVE_TOOL, call.tokens, None, applied=result.applied, detail=result.error or ""
+                EVOLVE_TOOL,
+                call.tokens,
+                None,
+                applied=result.applied,
+                detail=result.error or "",
+                facts_in=n_in,
+                facts_kept=n_kept,
             )
         )
         return None

@@ -33,6 +33,7 @@ from typing import Any
 
 from acmrl.config import ARMS
 from acmrl.context.prefix import reusable_prefix
+from acmrl.eval.edits import edit_figures, edit_rows, malformed_edit_calls
 from acmrl.eval.failures import SUCCESS, Needs, failure_counts, failure_of
 from acmrl.rewards import compress_loops
 from acmrl.rollout.records import Trajectory, fact_retention
@@ -146,6 +147,10 @@ def episode_row(t: Trajectory, budget: int, needs: Needs | None = None) -> dict[
         "failure": failure_of(t, needs) or SUCCESS,
         # whether the task's needs were known (else a failure is overflow, no_answer or wrong)
         "needs_known": float(needs is not None),
+        # the context edits one by one (edits.csv, not episodes.csv) and the edit calls that
+        # did not run (acmrl.eval.edits)
+        "edits": edit_rows(t),
+        "malformed_edits": malformed_edit_calls(t),
     }
 
 
@@ -288,6 +293,8 @@ def arm_summary(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
         "wall_s": _mean(rows, "wall_s"),
     }
     out |= archive_detail_figures(rows)
+    if edits := edit_figures(rows):
+        out["edits"] = edits
     if failures := failure_counts(rows):
         out["failures"] = failures
         out["failures_needs_unknown"] = sum(
@@ -412,10 +419,10 @@ def reading_notes(report: dict[str, Any]) -> list[str]:
     kept = [a for a, s in arms.items() if s.get("fact_retention") is not None]
     if kept:
         notes.append(
-            "Facts kept by summaries: of the task's key terms (`key_terms` of the environment; "
-            "kb_search: the chain's names, the birth year, the event and the documents to read) "
-            "that were in the steps a summary replaced and nowhere else in the context, how many "
-            "the summary kept: "
+            "Facts kept by summaries and evolve programs: of the task's key terms (`key_terms` "
+            "of the environment; kb_search: the chain's names, the birth year, the event and the "
+            "documents to read) that were in the steps a summary replaced and nowhere else in the "
+            "context, or in the State an applied program edited, how many the edit kept: "
             + ", ".join(f"{a} {arms[a]['fact_retention']:.2f}" for a in kept)
             + ". A needed fact a summary drops can only come back by reading it again."
         )

@@ -205,6 +205,12 @@ def write_report(
     w.writeheader()
     w.writerows(rows)
     _atomic_write(out / "episodes.csv", buf.getvalue())
+    if edits := [e for r in rows for e in r.get("edits") or []]:
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, list(edits[0]))
+        w.writeheader()
+        w.writerows(edits)
+        _atomic_write(out / "edits.csv", buf.getvalue())
     figures = []
     if plots:
         from acmrl.eval.plots import write_plots
@@ -422,6 +428,45 @@ def archive_lines(report: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def edit_lines(report: dict[str, Any]) -> list[str]:
+    """The context edits, per arm and kind (:mod:`acmrl.eval.edits`; nothing when no arm
+    edited its context)."""
+    arms = {a: s["edits"] for a, s in report["arms"].items() if s.get("edits")}
+    if not arms:
+        return []
+
+    def num(x: float | None, spec: str) -> str:
+        return "-" if x is None else format(x, spec)
+
+    lines = [
+        "## Context edits",
+        "",
+        "Per edit: the tokens generated for it (the call and the summariser's completion), the "
+        "Cache Cost of the next input, and the share of the input before it that the next input "
+        "still shares as its prefix (kept prefix: 1.0 when the edit only appends). Valid: edits "
+        "applied over edit calls attempted, malformed calls naming the tool included. Facts: the "
+        "task's key terms an applied edit had to keep, and kept (`edits.csv` has every edit).",
+        "",
+        "| arm | edit | per episode | valid | refused (why) | generated, median | "
+        "Cache Cost, median | kept prefix, mean | facts kept |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for a, kinds in arms.items():
+        for kind, f in kinds.items():
+            why = ", ".join(f"{k} {n}" for k, n in sorted(f["refusals"].items()))
+            refused = f"{f['edits'] - f['applied']}" + (f" ({why})" if why else "")
+            if f["malformed"]:
+                refused += f", {f['malformed']} malformed"
+            facts = f"{f['facts_kept']}/{f['facts_in']}" if f["facts_in"] else "-"
+            lines.append(
+                f"| {a} | {kind} | {f['per_episode']:.2f} | {num(f['valid_rate'], '.2f')} | "
+                f"{refused} | "
+                f"{num(f['generated_median'], '.0f')} | {num(f['cache_cost_median'], '.0f')} | "
+                f"{num(f['kept_prefix_mean'], '.2f')} | {facts} |"
+            )
+    return [*lines, ""]
+
+
 FAILURE_WORDS = {
     "overflow": "over the budget",
     "no_answer": "no answer",
@@ -509,6 +554,7 @@ def report_markdown(report: dict[str, Any], figures: list[str]) -> str:
         detail_table(report),
         "",
         *archive_lines(report),
+        *edit_lines(report),
         *failure_lines(report),
         "## Reading this table",
         "",

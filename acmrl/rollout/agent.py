@@ -403,6 +403,7 @@ class Episode:
             call_tokens,
             gen + (len(helper.prompt_ids) if helper else 0),
             0.0,
+            helper_generated=gen,
             **kw,
         )
         fixed = compaction_cost(call_tokens + gen, read, self.agent.output_weight)
@@ -449,6 +450,21 @@ class Episode:
         last = max((i for i, item in enumerate(self.state) if prompts.is_summary(item)), default=0)
         return last + 1
 
+    def key_terms(self) -> list[str]:
+        """The task's key terms (``env.key_terms``), read once: what a context edit is scored
+        for keeping (``facts_in`` / ``facts_kept`` of its event)."""
+        if self._key_terms is None:
+            try:
+                self._key_terms = self.env.key_terms(self.task)
+            except Exception as exc:  # a measurement never ends an episode
+                warnings.warn(
+                    f"{self.env.name}.key_terms failed on {self.task.id} ({exc!r}): its "
+                    "context edits are not scored for the facts they keep",
+                    stacklevel=2,
+                )
+                self._key_terms = []
+        return self._key_terms
+
     def summarise(
         self,
         items: State,
@@ -461,17 +477,7 @@ class Episode:
         steps = prompts.items_text(items)
         text = prompts.summariser_prompt(self.agent).format(task=self.task.prompt, steps=steps)
         ids = self.helper_ids(prompts.SUMMARISER_SYSTEM, text)
-        if self._key_terms is None:
-            try:
-                self._key_terms = self.env.key_terms(self.task)
-            except Exception as exc:  # a measurement never ends an episode
-                warnings.warn(
-                    f"{self.env.name}.key_terms failed on {self.task.id} ({exc!r}): its "
-                    "summaries are not scored for the facts they keep",
-                    stacklevel=2,
-                )
-                self._key_terms = []
-        terms = self._key_terms
+        terms = self.key_terms()
 
         def done(c: Completion) -> None:
             summary = c.text.strip()

@@ -36,7 +36,7 @@ class ModelCall:
 class ContextEvent:
     """One compaction or memory operation, with the figures of docs/design.md "Costs"."""
 
-    kind: str  # manage_context | query_memory | summary | evolve
+    kind: str  # manage_context | query_memory | summary | evolve | memory
     tokens_before: int
     tokens_after: int
     reusable_prefix: int
@@ -47,10 +47,12 @@ class ContextEvent:
     applied: bool = True
     summary_id: str | None = None
     detail: str = ""
-    # a summary's needed facts (the task's key terms): those in the steps it replaced and not
-    # elsewhere in the context, and how many of them it kept (:func:`terms_kept`)
+    # an edit's needed facts (the task's key terms): those in the steps a summary replaced and
+    # not elsewhere in the context, or in the State an evolve program edited, and how many of
+    # them it kept (:func:`terms_kept`)
     facts_in: int = 0
     facts_kept: int = 0
+    helper_generated: int = 0  # of ``helper_tokens``, the ones the helper generated
 
 
 def _has(term: str, text: str) -> bool:

@@ -1,0 +1,176 @@
+"""What an arm's context edits do, edit by edit: from trajectory records, like the report.
+
+An *edit* is a context event that changes the State: a ``manage_context`` summary (acm, the
+model's call or ``agent.force_compaction``), a harness summary (``summary``), an ``evolve``
+program (applied or refused), results moved to the archive (``memory``). ``query_memory`` adds
+to the context and is not an edit. Per edit (a line of ``edits.csv``):
+
+- **generated**: the tokens generated for it: the call's own (an evolve program's text, a
+  ``manage_context`` call) plus the helper's completion (the summary);
+- **cache_cost**: the Cache Cost of the next input (its tokens past the prefix it shares with
+  the input before plus that input's completion; the edits of one completion share one, the
+  first carries it);
+- **kept_prefix**: that shared prefix over the tokens before, the share of the prefix cache the
+  edit kept: 1.0 for an edit that only appends, near 0 for one that rewrites the start;
+- **facts_in / facts_kept**: the task's key terms the edit had to keep (in the steps a summary
+  replaced and not elsewhere; in the State an evolve program edited, not in the question) and
+  those it kept (an evolve program: those its returned items still hold);
+- **refusal**: why a refused edit was refused, in a few words (:func:`refusal_kind`).
+
+Per arm and kind (:func:`edit_figures`): the counts, the **valid-program rate** (edits applied
+over edit calls attempted, malformed calls that named the edit's tool included), medians and
+means of the above.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections import Counter
+from typing import Any
+
+from acmrl.rollout.records import Trajectory
+
+# the events that edit the State, and the tool each is called through (None: the harness's)
+EDIT_KINDS = {
+    "manage_context": "manage_context",
+    "evolve": "evolve",
+    "summary": None,
+    "memory": None,
+}
+
+REFUSALS = ("syntax", "runtime error", "limit", "invalid State", "arguments", "sandbox")
+
+_NAMED = re.compile(r'"name"\s*:\s*"(\w+)"')
+
+
+def refusal_kind(detail: str) -> str:
+    """A refused edit's error (its receipt's ``error``) in a few words: the program did not
+    parse (``syntax``), threw (``runtime error``), ran past a limit, returned an invalid State,
+    came with bad arguments, or the sandbox failed.
+
+    >>> refusal_kind("the code threw: SyntaxError: unexpected token in expression: '}'")
+    'syntax'
+    >>> refusal_kind("the code threw: TypeError: cannot read property 'type' of undefined")
+    'runtime error'
+    >>> refusal_kind("the returned State is invalid: item 3: unknown role 'tool'")
+    'invalid State'
+    >>> refusal_kind("time limit of 500 ms exceeded")
+    'limit'
+    """
+    d = detail.lower()
+    if "syntaxerror" in d:
+        return "syntax"
+    if ("limit" in d and "exceeded" in d) or "byte limit" in d:
+        return "limit"
+    if "state is invalid" in d or "must stay the last item" in d or "did not produce a state" in d:
+        return "invalid State"
+    if "not valid json" in d or "takes exactly one argument" in d:
+        return "arguments"
+    if "sandbox process" in d:
+        return "sandbox"
+    return "runtime error"
+
+
+def edit_rows(t: Trajectory) -> list[dict[str, Any]]:
+    """The episode's edits, one dict each (the columns of ``edits.csv``)."""
+    rows = []
+    for s in t.steps:
+        for e in s.events:
+            if e.kind not in EDIT_KINDS:
+                continue
+            rows.append(
+                {
+                    "episode_id": t.episode_id,
+                    "task_id": t.task_id,
+                    "arm": t.arm,
+                    "turn": s.turn,
+                    "origin": s.origin,
+                    "kind": e.kind,
+                    "applied": float(e.applied),
+                    "refusal": "" if e.applied else refusal_kind(e.detail),
+                    "generated": e.call_tokens + e.helper_generated,
+                    "cache_cost": e.cache_cost,
+                    "tokens_before": e.tokens_before,
+                    "tokens_after": e.tokens_after,
+                    "kept_prefix": e.reusable_prefix / e.tokens_before if e.tokens_before else None,
+                    "facts_in": e.facts_in,
+                    "facts_kept": e.facts_kept,
+                    "detail": e.detail,
+                }
+            )
+    return rows
+
+
+def malformed_edit_calls(t: Trajectory) -> dict[str, int]:
+    """Per edit tool, the calls of it the model wrote that did not run: in a policy turn, the
+    calls naming the tool (``"name": "evolve"``) beyond those that ran (a call that was not
+    valid JSON, or whose arguments broke the tool's schema, names it all the same)."""
+    out: Counter[str] = Counter()
+    tools = {tool for tool in EDIT_KINDS.values() if tool}
+    for s in t.steps:
+        if s.call is None or s.call.role != "policy" or not s.errors:
+            continue
+        named = Counter(n for n in _NAMED.findall(s.text) if n in tools)
+        ran = Counter(a["name"] for a in s.actions)
+        for tool, n in named.items():
+            if n > ran[tool]:
+                out[tool] += n - ran[tool]
+    return dict(out)
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def edit_figures(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per kind of edit, over the episodes ``rows`` (report rows with their ``edits`` and
+    ``malformed_edits``): how many, how many applied, refused and why, and the per-edit
+    figures' medians and means. Empty when the episodes made no edit and attempted none.
+
+    >>> rows = [{"edits": [{"kind": "evolve", "applied": 1.0, "refusal": "", "generated": 300,
+    ...                     "cache_cost": 40, "kept_prefix": 0.9, "facts_in": 4, "facts_kept": 4},
+    ...                    {"kind": "evolve", "applied": 0.0, "refusal": "syntax",
+    ...                     "generated": 280, "cache_cost": 30, "kept_prefix": 1.0,
+    ...                     "facts_in": 2, "facts_kept": 2}],
+    ...          "malformed_edits": {"evolve": 2}}]
+    >>> f = edit_figures(rows)["evolve"]
+    >>> f["edits"], f["valid_rate"], f["refusals"], f["generated_median"]
+    (2, 0.25, {'syntax': 1}, 290.0)
+    """
+    episodes = len(rows)
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    malformed: Counter[str] = Counter()
+    for r in rows:
+        for e in r.get("edits") or []:
+            by_kind.setdefault(e["kind"], []).append(e)
+        malformed.update(r.get("malformed_edits") or {})
+    for tool in malformed:
+        by_kind.setdefault(tool, [])
+    out = {}
+    for kind in sorted(by_kind, key=list(EDIT_KINDS).index):
+        es = by_kind[kind]
+        applied = [e for e in es if e["applied"]]
+        attempted = len(es) + malformed[kind]
+        prefix = [e["kept_prefix"] for e in es if e["kept_prefix"] is not None]
+        out[kind] = {
+            "edits": len(es),
+            "per_episode": len(es) / episodes if episodes else 0.0,
+            "applied": len(applied),
+            "malformed": malformed[kind],
+            "valid_rate": len(applied) / attempted if attempted else None,
+            "refusals": dict(Counter(e["refusal"] for e in es if not e["applied"])),
+            "generated_median": _median([e["generated"] for e in es]),
+            "generated_mean": _mean([e["generated"] for e in es]),
+            "cache_cost_median": _median([e["cache_cost"] for e in es]),
+            "cache_cost_mean": _mean([e["cache_cost"] for e in es]),
+            "kept_prefix_median": _median(prefix),
+            "kept_prefix_mean": _mean(prefix),
+            "facts_in": sum(e["facts_in"] for e in applied),
+            "facts_kept": sum(e["facts_kept"] for e in applied),
+        }
+    return out
