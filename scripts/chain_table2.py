@@ -3,7 +3,7 @@
     .venv/bin/python scripts/chain_table2.py OUT [--bench chain|trace] [--seeds 0 1 2]
         [--steps 100] [--train-arms ARM ...] [--timing spread|read] [--parts test dev]
         [--eval-arms ARM ...] [--round-tasks 0] [--round-steps 10] [--test-tasks 25]
-        [--dry-run]
+        [--agent KEY=VALUE ...] [--dry-run]
 
 One dataset: each arm's best-policy demonstrations (``teacher.policy=best``; arms react,
 summary, memory and acm, under ``force_answer`` as the evals) on 16 training tasks of each of
@@ -34,6 +34,11 @@ budget 2,200): the demonstrations on every task of its train split, the evals on
 split (``--parts dev``: its ``dev`` split; the two halve the eval split by question group),
 ``--test-tasks`` of each; no teacher round (``--round-tasks`` needs other training worlds).
 
+``--agent KEY=VALUE ...`` sets agent options (``acmrl.config.AgentConfig``) in the
+demonstrations, the teacher round and every eval alike, e.g. the evolve arm's
+``evolve_prompt=none evolve_keep_code=false``: a student is run as it was taught. They are
+pinned in protocol.json with the other settings.
+
 Every stage resumes: a rerun skips the finished annotation, continues SFT from its checkpoint
 (``--auto-resume``) and each eval from its episodes. The stage configs are written to
 OUT/configs/ first, so a stage can be rerun by hand.
@@ -48,7 +53,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from acmrl.config import DemoConfig
+from acmrl.config import AgentConfig, ConfigError, DemoConfig, load_config, parse_override
 from acmrl.demo import _yaml, stage_configs
 
 TRAIN_WORLDS = list(range(1, 11))
@@ -88,19 +93,25 @@ def configs(
     round_steps: int = 10,
     test_worlds: list[int] = TEST_WORLDS,
     bench: str = "chain",
+    agent: dict[str, object] | None = None,
 ) -> dict[str, object]:
     if bench == "trace" and round_tasks:
         raise SystemExit("--bench trace has no teacher round: its tasks are one code base's")
     base = stage_configs(DemoConfig(size="tiny", output=str(out)))
     annotate, sft, ev = base["annotate"], base["sft"], base["eval-sft"]
     budget = BUDGETS[bench]
-    agent = dataclasses.replace(ev.agent, max_context_tokens=budget, max_turns=30)
+    options = agent_options(agent or {})
+    agent = dataclasses.replace(ev.agent, max_context_tokens=budget, max_turns=30, **options)
     if bench == "trace":
         annotate.env = trace_env(annotate.env, "train", None)  # every training question
     else:
         annotate.env = chain_env(annotate.env, TRAIN_WORLDS, "train", 16)  # 160 tasks
     annotate.agent = dataclasses.replace(
-        annotate.agent, max_context_tokens=budget, max_turns=30, on_overflow="force_answer"
+        annotate.agent,
+        max_context_tokens=budget,
+        max_turns=30,
+        on_overflow="force_answer",
+        **options,
     )
     annotate.arms = list(train_arms)
     annotate.teacher.policy = "best"
@@ -164,6 +175,32 @@ def configs(
     return out_cfgs
 
 
+def agent_options(options: dict[str, object]) -> dict[str, object]:
+    """``--agent`` options, checked against ``AgentConfig``: a name it lacks, or one the
+    protocol sets itself, is refused by name."""
+    fields = {f.name for f in dataclasses.fields(AgentConfig)}
+    if unknown := sorted(set(options) - fields):
+        raise SystemExit(f"--agent: {', '.join(unknown)} is not an agent option (AgentConfig)")
+    if fixed := sorted(set(options) & {"max_context_tokens", "max_turns", "on_overflow"}):
+        raise SystemExit(f"--agent: {', '.join(fixed)} is set by the protocol (--bench)")
+    return options
+
+
+def parse_agent(items: list[str]) -> dict[str, object]:
+    """``KEY=VALUE`` items as a dict, each value read as YAML (``false``, ``4``, ``none``...:
+    ``none`` stays the string, as the options that take it expect)."""
+    out: dict[str, object] = {}
+    for text in items:
+        try:
+            path, value = parse_override(text)
+        except ConfigError as exc:
+            raise SystemExit(f"--agent: {exc}") from None
+        if len(path) != 1:
+            raise SystemExit(f"--agent {text!r}: give an agent option's name, without a section")
+        out[path[0]] = value
+    return out
+
+
 # what a protocol.json written before a setting existed ran with
 FORMER_DEFAULTS = {
     "test_worlds": [2000, 2001],
@@ -172,6 +209,7 @@ FORMER_DEFAULTS = {
     "round_tasks": 0,
     "round_steps": 10,
     "bench": "chain",
+    "agent": {},
 }
 
 
@@ -214,6 +252,9 @@ def main() -> None:
     ap.add_argument("--eval-arms", nargs="+", default=EVAL_ARMS)
     ap.add_argument("--round-tasks", type=int, default=0, help="teacher round, tasks per world")
     ap.add_argument("--round-steps", type=int, default=10)
+    ap.add_argument(
+        "--agent", nargs="+", default=[], metavar="KEY=VALUE", help="agent options, every stage"
+    )
     ap.add_argument("--dry-run", action="store_true", help="write the configs and stop")
     args = ap.parse_args()
     cfg_dir = args.out / "configs"
@@ -228,11 +269,16 @@ def main() -> None:
         "round_tasks": args.round_tasks,
         "round_steps": args.round_steps,
         "bench": args.bench,
+        "agent": parse_agent(args.agent),
     }
     check_settings(args.out, settings, write=not args.dry_run)
     stages = configs(args.out, args.seeds, eval_arms=args.eval_arms, **settings)
     for name, cfg in stages.items():
         (cfg_dir / f"{name}.yaml").write_text(_yaml(cfg))
+        try:  # a bad --agent value is refused here, not when its stage starts
+            load_config(type(cfg), cfg_dir / f"{name}.yaml")
+        except ConfigError as exc:
+            raise SystemExit(f"{name}: {exc}") from None
     if args.dry_run:
         print(f"configs: {cfg_dir}")
         return

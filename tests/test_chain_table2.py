@@ -183,3 +183,34 @@ def test_the_trace_bench_trains_on_its_train_split_and_reports_on_test(tmp_path)
         assert ev.agent.max_context_tokens == 2200 and ev.agent.on_overflow == "force_answer"
     refused = _dry(tmp_path / "round", "--bench", "trace", "--round-tasks", "2")
     assert refused.returncode != 0 and "no teacher round" in refused.stderr
+
+
+def test_agent_options_reach_the_demonstrations_and_every_eval(tmp_path):
+    """--agent sets the evolve arm's prompt and code rule in every stage, is pinned, and a
+    name or value AgentConfig does not take is refused before anything runs."""
+    args = ["--seeds", "0", "--train-arms", "evolve", "--eval-arms", "react", "evolve"]
+    agent = ["--agent", "evolve_prompt=none", "evolve_keep_code=false"]
+    res = _dry(tmp_path, *args, *agent)
+    assert res.returncode == 0, res.stderr[-2000:]
+    cfgs = tmp_path / "configs"
+    annotate = load_config(AnnotateConfig, cfgs / "annotate.yaml", [])
+    assert annotate.arms == ["evolve"]
+    evals = [load_config(EvalConfig, cfgs / f"eval-{p}-s0.yaml", []) for p in ("dev", "test")]
+    for cfg in (annotate, *evals):
+        assert (cfg.agent.evolve_prompt, cfg.agent.evolve_keep_code) == ("none", False)
+        assert cfg.agent.on_overflow == "force_answer"
+    check, run = _script().check_settings, tmp_path / "run"
+    run.mkdir()
+    check(run, {"steps": 7, "agent": {"evolve_prompt": "none", "evolve_keep_code": False}})
+    with pytest.raises(SystemExit, match=r"agent: .* -> \{\}"):
+        check(run, {"steps": 7, "agent": {}})
+    (run / "protocol.json").write_text(json.dumps({"steps": 7}))  # from before --agent
+    check(run, {"steps": 7, "agent": {}})
+    for bad, says in (
+        ("evolve_prompt=tiny", "evolve_prompt"),
+        ("evolve_promt=none", "evolve_promt is not an agent option"),
+        ("max_context_tokens=9000", "set by the protocol"),
+        ("agent.evolve_prompt=none", "without a section"),
+    ):
+        res = _dry(tmp_path / bad, *args, "--agent", bad)
+        assert res.returncode != 0 and says in res.stderr, (bad, res.stderr[-500:])
