@@ -630,3 +630,56 @@ def test_teacher_evolve_program_drops_spent_steps_and_keeps_the_pairs():
         "My context is nearly full, so I will cut it."
     ]
     assert result.state[0] == state[0]  # the task stays first
+
+
+def test_oracle_corrects_a_refused_or_lossy_evolve_program_with_its_own(env, tiny):
+    """A student program that the sandbox refused, or that drops what the plan still needs
+    (rerun on the student's own State), is replaced by the teacher's program at that step,
+    which passes the validators there; the teacher's program written by the student is not."""
+    from acmrl.teacher.splice import state_before
+
+    task = env.tasks("eval")[0]
+    plan = env.oracle_plan(task)
+    # room for a program in one turn
+    agent, sampling = AgentConfig(max_context_tokens=4096), SamplingConfig(max_new_tokens=1024)
+
+    def student(code):
+        texts = [*calls(plan[:2]), format_tool_call("evolve", {"code": code}), *calls(plan[2:])]
+        ep = Episode(
+            f"{task.id}#evolve#0",
+            env,
+            task,
+            "evolve",
+            tiny.tokenizer,
+            agent=agent,
+            sampling=sampling,
+        )
+        run_episodes([ep], ScriptedEngine(tiny.tokenizer, replay({ep.id: texts})))
+        assert ep.traj.score == 1.0  # the answer is right all the same: only the edit is bad
+
+        def state_at(step):
+            return state_before(
+                env, task, ep.traj, step, tiny.tokenizer, agent=agent, sampling=sampling
+            )
+
+        return ep, OracleTeacher(env).assess(task, ep.traj, 4096, state_at), state_at
+
+    def valid(ep, a, state_at):
+        seen = seen_text(ep.traj, a.step, tiny.tokenizer)
+        return validate(a, seen=seen, reference=task.answer, tools=ep.tools, state=state_at(a.step))
+
+    refused, a, state_at = student("return state.map(i => i.;")
+    assert refused.traj.steps[2].events[0].applied is False
+    assert (a.kind, a.step, a.action["name"]) == ("correction", 2, "evolve")
+    assert a.rationale.startswith("My last program was refused (syntax)")
+    assert valid(refused, a, state_at) == []
+    teacher_code = a.action["arguments"]["code"]
+    # keeps the question and the call only: the documents' ids and years are gone
+    lossy, b, state_at = student("return [state[0], state[state.length - 1]];")
+    assert lossy.traj.steps[2].events[0].applied is True
+    assert (b.kind, b.step, b.action) == ("correction", 2, a.action)
+    assert b.rationale.startswith("My last program dropped ") and valid(lossy, b, state_at) == []
+    # without the State only a refusal is seen
+    assert OracleTeacher(env).assess(task, lossy.traj, 4096).kind == "no_action"
+    _, c, _ = student(teacher_code)
+    assert c.kind == "no_action", (c.step, c.rationale, c.action)

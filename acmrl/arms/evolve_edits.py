@@ -88,7 +88,7 @@ def _answers(task: Task) -> list[str]:
     return [str(a) for a in ans if str(a).strip()]
 
 
-def _gives_away(text: str, task: Task, part: bool = False) -> bool:
+def gives_away(text: str, task: Task, part: bool = False) -> bool:
     """Whether ``text`` holds an answer of ``task`` (``part``: or is a part of one)."""
     t = text.casefold()
     return any(a in t or (part and t in a) for a in (a.casefold() for a in _answers(task)))
@@ -107,7 +107,7 @@ def needed_terms(task: Task, plan: list[tuple[str, dict[str, Any]]]) -> list[str
     for name, args in plan:
         if name in ("open", "read_file"):
             terms |= {str(v) for k, v in args.items() if k in ("doc_id", "path")}
-    return sorted(t for t in terms if len(t) > 2 and not _gives_away(t, task, part=True))
+    return sorted(t for t in terms if len(t) > 2 and not gives_away(t, task, part=True))
 
 
 def selective_terms(terms: list[str], context: str, keep: set[str] = frozenset()) -> list[str]:
@@ -145,7 +145,7 @@ def keep_facts_code(
     later read followed, all but the latest assistant message."""
     terms = needed_terms(task, plan)
     lines = [
-        line for line in keep if not any(t in line for t in terms) and not _gives_away(line, task)
+        line for line in keep if not any(t in line for t in terms) and not gives_away(line, task)
     ]
     terms += lines
     if context is not None:

@@ -85,7 +85,7 @@ def _assess(
     if isinstance(teacher, LLMTeacher):
         a = teacher.assess(task, ep.traj, ep.budget, ep.tools, state_at)
     else:
-        a = teacher.assess(task, ep.traj, ep.budget)
+        a = teacher.assess(task, ep.traj, ep.budget, state_at)
         if a.kind != "no_action":
             evolve = isinstance(a.action, dict) and a.action.get("name") == "evolve"
             a.errors = validate(

@@ -17,7 +17,9 @@ writes rationales only from that seen material, so they pass the validators of
   answer that does not follow from the evidence in view, a call that repeats an earlier one (a
   second compaction is not a repeat), a call that failed, or a turn without a call; it is
   replaced by the next call the plan still needs given what has been seen, opening only
-  documents whose id the context still shows.
+  documents whose id the context still shows. An ``evolve`` program that was refused, or
+  that dropped a string the plan still needs and the teacher's own program keeps (given the
+  student's State, ``state_at``), is replaced by the teacher's program at that step.
 - **no_action** otherwise.
 """
 
@@ -25,11 +27,19 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from acmrl.arms import arm_tools, get_arm
-from acmrl.arms.evolve_edits import kept_lines
+from acmrl.arms.evolve_edits import (
+    dropped,
+    gives_away,
+    kept_lines,
+    needed_terms,
+    still_needed,
+)
 from acmrl.envs.base import ANSWER_TOOL, Environment, Task
+from acmrl.eval.edits import refusal_kind
 from acmrl.rollout.records import Trajectory
 from acmrl.teacher.assessment import Assessment, seen_text
 
@@ -216,12 +226,21 @@ class OracleTeacher:
         self.switch_arms = switch_arms  # react runs get manage_context and go on as acm
         self.tokenizer = tokenizer  # decodes a step's prompt: what the student could see then
 
-    def assess(self, task: Task, traj: Trajectory, budget: int) -> Assessment:
+    def assess(
+        self,
+        task: Task,
+        traj: Trajectory,
+        budget: int,
+        state_at: Callable[[int], list[dict[str, Any]]] | None = None,
+    ) -> Assessment:
+        """The edit for ``traj``; ``state_at(step)``: the student's State at a policy step,
+        on which its evolve programs are rerun to see what they dropped (None: only a
+        refused program is corrected)."""
         steps = _policy_steps(traj)
         injection = self._injection(task, traj, steps, budget)
         if injection is not None:
             return injection
-        correction = self._correction(task, traj, steps)
+        correction = self._correction(task, traj, steps, state_at)
         return correction or Assessment("no_action", teacher=self.name)
 
     def _injection(
@@ -306,10 +325,20 @@ class OracleTeacher:
 
         return max(0, first(other) - first(arm))
 
-    def _correction(self, task: Task, traj: Trajectory, steps: list[Any]) -> Assessment | None:
+    def _correction(
+        self,
+        task: Task,
+        traj: Trajectory,
+        steps: list[Any],
+        state_at: Callable[[int], list[dict[str, Any]]] | None = None,
+    ) -> Assessment | None:
         gold = task.metadata.get("gold_docs", [])
         done: list[tuple[str, str]] = []
         for i, s in enumerate(steps):
+            bad = self._bad_program(task, traj, steps, i, state_at)
+            if bad is not None:
+                action, how = self._compaction(task, traj, steps, i)
+                return Assessment("correction", i, action, f"{bad} {how}", self.name)
             seen = seen_text(traj, i)
             calls = [(a["name"], json.dumps(a["arguments"], sort_keys=True)) for a in s.actions]
             answering = any(name == "answer" for name, _ in calls) or not s.actions
@@ -343,6 +372,53 @@ class OracleTeacher:
                 )
             done += calls
         return None
+
+    def _bad_program(
+        self,
+        task: Task,
+        traj: Trajectory,
+        steps: list[Any],
+        i: int,
+        state_at: Callable[[int], list[dict[str, Any]]] | None,
+    ) -> str | None:
+        """Why step ``i``'s evolve program needs rewriting, in the agent's words: it was
+        refused, or (given ``state_at``) rerun on the student's State it drops a string the
+        plan still needs (an id to open, a name or year the chain rests on; never the answer)
+        that the teacher's program at that step keeps. None: no program, or a sound one."""
+        events = [e for e in steps[i].events if e.kind == "evolve"]
+        if not events:
+            return None
+        refused = next((e for e in events if not e.applied), None)
+        if refused is not None:
+            return f"My last program was refused ({refusal_kind(refused.detail)}), so my context is as it was."
+        if state_at is None:
+            return None
+        code = next(
+            (a["arguments"].get("code") for a in steps[i].actions if a["name"] == "evolve"), None
+        )
+        if not isinstance(code, str):
+            return None
+        from acmrl.context.evolve import apply_evolve, evolve_call
+
+        plan = self.env.oracle_plan(task)
+        state = state_at(i)
+        teacher = self._compaction(task, traj, steps, i)[0]["arguments"]["code"]
+        own, kept = (apply_evolve([*state, evolve_call("check", c)]) for c in (code, teacher))
+        if not (own.applied and kept.applied):
+            return None
+        terms = [
+            t
+            for t in {*needed_terms(task, plan), *still_needed(task, plan)}
+            if not gives_away(t, task)
+        ]
+        lost = [
+            t
+            for t in dropped(state, own.state, terms)
+            if t not in dropped(state, kept.state, terms)
+        ]
+        if not lost:
+            return None
+        return f"My last program dropped {', '.join(sorted(lost)[:3])}, which I still need."
 
     def _visible(self, step: Any, seen: str) -> str:
         """What the student's context showed at ``step`` (its decoded prompt), else ``seen``."""
