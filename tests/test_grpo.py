@@ -388,6 +388,35 @@ def test_rollout_metrics_pool_the_facts_the_summaries_kept():
     assert math.isnan(rollout_metrics([facts(0, 0, 1.0)])["rollout/fact_retention"])
 
 
+def test_rollout_metrics_follow_the_evolve_programs():
+    """rollout/evolve/*: the step's valid-program rate (a call that never ran counts), and per
+    program the tokens generated, the Cache Cost and the prefix kept; episodes without a
+    program add nothing, and kinds no episode made are not logged."""
+    from acmrl.rollout.records import ContextEvent, ModelCall, Step, Trajectory
+    from acmrl.train.grpo_steps import episode_facts, rollout_metrics
+
+    call = ModelCall("policy", [1], [2], [], 0, "stop", 0.0)
+
+    def episode(*events, malformed=0):
+        t = Trajectory("e", "t", "env", "evolve", 0, 0, "m", "q", "a")
+        t.steps = [
+            Step(i, call, actions=[{"name": "evolve"}], events=[e]) for i, e in enumerate(events)
+        ]
+        bad = '<tool_call>{"name": "evolve", "arguments": {"code": "x"</tool_call>'
+        t.steps += [Step(9, call, text=bad, errors=["bad json"])] * malformed
+        t.score, t.status = 1.0, "answered"
+        t.compute_metrics()
+        return episode_facts(t, 1.0, {"success": 1.0})
+
+    good = ContextEvent("evolve", 1000, 500, 800, 100, 300, 0, 400.0)
+    refused = ContextEvent("evolve", 500, 560, 500, 60, 100, 0, 160.0, applied=False, detail="x")
+    m = rollout_metrics([episode(good, refused), episode(malformed=1), episode()])
+    assert m["rollout/evolve/valid_rate"] == pytest.approx(1 / 3)
+    assert m["rollout/evolve/generated"] == 200 and m["rollout/evolve/cache_cost"] == 80
+    assert m["rollout/evolve/kept_prefix"] == pytest.approx((0.8 + 1.0) / 2)
+    assert not any(k.startswith("rollout/manage_context") for k in m)
+
+
 def test_cli_runs_grpo_on_kb_search(tmp_path, tiny_model_dir):
     from typer.testing import CliRunner
 

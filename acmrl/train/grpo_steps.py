@@ -13,6 +13,7 @@ import torch
 from acmrl.config import GRPOConfig
 from acmrl.envs import Environment
 from acmrl.envs.base import Task
+from acmrl.eval.edits import edit_figures, edit_rows, malformed_edit_calls
 from acmrl.rewards import RewardWeights
 from acmrl.rollout.agent import Episode, make_episode
 from acmrl.rollout.records import Trajectory, fact_retention
@@ -76,7 +77,22 @@ def episode_facts(traj: Trajectory, reward: float, terms: dict[str, float]) -> d
         },
         # where the policy compacts (context before / budget)
         "points": traj.compaction_points(),
+        # its context edits, one by one, and the edit calls that did not run (acmrl.eval.edits)
+        "edits": [{k: e[k] for k in _EDIT_KEYS} for e in edit_rows(traj)],
+        "malformed_edits": malformed_edit_calls(traj),
     }
+
+
+_EDIT_KEYS = (
+    "kind",
+    "applied",
+    "refusal",
+    "generated",
+    "cache_cost",
+    "kept_prefix",
+    "facts_in",
+    "facts_kept",
+)
 
 
 def reward_weights(cfg: GRPOConfig) -> RewardWeights:
@@ -118,5 +134,16 @@ def rollout_metrics(facts: list[dict[str, Any]]) -> dict[str, float]:
     # how well the summaries written in the step kept the task's needed facts
     kept = fact_retention([f["metrics"] for f in facts])
     out["rollout/fact_retention"] = float("nan") if kept is None else kept
+    # per kind of context edit: the valid rate (an evolve program's), and per edit the tokens
+    # generated, the Cache Cost and the share of the prefix kept: what GRPO shapes in the programs
+    nan = float("nan")
+    for kind, f in edit_figures(facts).items():
+        for key, value in (
+            ("valid_rate", f["valid_rate"]),
+            ("generated", f["generated_mean"]),
+            ("cache_cost", f["cache_cost_mean"]),
+            ("kept_prefix", f["kept_prefix_mean"]),
+        ):
+            out[f"rollout/{kind}/{key}"] = nan if value is None else value
     out["rollout/episodes"] = len(facts)
     return out
