@@ -185,6 +185,10 @@ def test_eval_writes_a_full_report_and_compare_reads_two(tmp_path, tokenizer):
     text = compare(tmp_path / "b", tmp_path / "a", output=tmp_path / "cmp.md")
     assert "| acm | Pass@1 | 0.000 | 1.000 | +1.000 | n/a |" in text
     assert "paired 95% CI over 4 tasks" in text and (tmp_path / "cmp.md").exists()
+    assert "manage_context" not in text  # the worse policy made no edit to set beside acm's
+    same = compare(tmp_path / "a", tmp_path / "a")
+    assert "| acm | manage_context: valid rate | 1.00 | 1.00 | +0.00 | +0% |" in same
+    assert "| acm | manage_context: kept prefix, mean |" in same
 
 
 def test_compare_needs_result_folders(tmp_path):

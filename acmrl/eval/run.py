@@ -581,6 +581,16 @@ def _load(folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return report, rows
 
 
+# the per-edit figures compare puts side by side (acmrl.eval.edits)
+EDIT_COMPARED = [
+    ("per_episode", "edits/ep", ".2f"),
+    ("valid_rate", "valid rate", ".2f"),
+    ("generated_median", "generated/edit, median", ".0f"),
+    ("cache_cost_median", "Cache Cost/edit, median", ".0f"),
+    ("kept_prefix_mean", "kept prefix, mean", ".2f"),
+]
+
+
 def compare(a: str | Path, b: str | Path, output: str | Path | None = None) -> str:
     """Markdown that puts result folders ``a`` (before) and ``b`` (after) side by side, per arm
     they share; Pass@1 differences get a paired bootstrap interval over shared tasks."""
@@ -611,6 +621,18 @@ def compare(a: str | Path, b: str | Path, output: str | Path | None = None) -> s
             lines.append(
                 f"| {arm} | {label} | {va:{fmt}} | {vb:{fmt}} | {vb - va:+{fmt}} | {rel} |"
             )
+        # the context edits of both, per kind (reports written before the section have none)
+        ea, eb = sa.get("edits") or {}, sb.get("edits") or {}
+        for kind in [k for k in ea if k in eb]:
+            for key, label, fmt in EDIT_COMPARED:
+                va, vb = ea[kind][key], eb[kind][key]
+                if va is None or vb is None:
+                    continue
+                rel = "n/a" if abs(va) < 1e-12 else f"{(vb - va) / va:+.0%}"
+                lines.append(
+                    f"| {arm} | {kind}: {label} | {va:{fmt}} | {vb:{fmt}} | {vb - va:+{fmt}} "
+                    f"| {rel} |"
+                )
         ta = {}
         for r in rows_a:
             if r["arm"] == arm:
