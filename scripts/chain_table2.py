@@ -3,7 +3,7 @@
     .venv/bin/python scripts/chain_table2.py OUT [--bench chain|trace] [--seeds 0 1 2]
         [--steps 100] [--train-arms ARM ...] [--timing spread|read] [--parts test dev]
         [--eval-arms ARM ...] [--round-tasks 0] [--round-steps 10] [--test-tasks 25]
-        [--agent KEY=VALUE ...] [--dry-run]
+        [--agent KEY=VALUE ...] [--max-new-tokens 96] [--dry-run]
 
 One dataset: each arm's best-policy demonstrations (``teacher.policy=best``; arms react,
 summary, memory and acm, under ``force_answer`` as the evals) on 16 training tasks of each of
@@ -37,7 +37,10 @@ split (``--parts dev``: its ``dev`` split; the two halve the eval split by quest
 ``--agent KEY=VALUE ...`` sets agent options (``acmrl.config.AgentConfig``) in the
 demonstrations, the teacher round and every eval alike, e.g. the evolve arm's
 ``evolve_prompt=none evolve_keep_code=false``: a student is run as it was taught. They are
-pinned in protocol.json with the other settings.
+pinned in protocol.json with the other settings. ``--max-new-tokens`` is the most tokens a
+student's turn may generate in the teacher round and the evals (96, the tiny demo's, by
+default): an evolve program of the teacher's is 364-402 tokens on chain, so an evolve student
+needs more room (a scripted teacher's turns are never cut).
 
 Every stage resumes: a rerun skips the finished annotation, continues SFT from its checkpoint
 (``--auto-resume``) and each eval from its episodes. The stage configs are written to
@@ -94,11 +97,13 @@ def configs(
     test_worlds: list[int] = TEST_WORLDS,
     bench: str = "chain",
     agent: dict[str, object] | None = None,
+    max_new_tokens: int = 96,
 ) -> dict[str, object]:
     if bench == "trace" and round_tasks:
         raise SystemExit("--bench trace has no teacher round: its tasks are one code base's")
     base = stage_configs(DemoConfig(size="tiny", output=str(out)))
     annotate, sft, ev = base["annotate"], base["sft"], base["eval-sft"]
+    sampling = dataclasses.replace(ev.sampling, max_new_tokens=max_new_tokens)
     budget = BUDGETS[bench]
     options = agent_options(agent or {})
     agent = dataclasses.replace(ev.agent, max_context_tokens=budget, max_turns=30, **options)
@@ -139,6 +144,7 @@ def configs(
                 model=dataclasses.replace(round_.model, name=str(policy)),
                 env=chain_env(round_.env, ROUND_WORLDS, "train", round_tasks),
                 agent=annotate.agent,
+                sampling=dataclasses.replace(round_.sampling, max_new_tokens=max_new_tokens),
                 arms=list(train_arms),
                 # the oracle's injection waits for no read: at the read timing's 0.05 it would
                 # compact before the second ``open`` of every episode; at 0.75 x 2,048 it comes
@@ -168,6 +174,7 @@ def configs(
                 ev,
                 model=model,
                 agent=agent,
+                sampling=sampling,
                 env=env,
                 arms=list(eval_arms),
                 output=str(out / f"eval-{part}-s{seed}"),
@@ -210,6 +217,7 @@ FORMER_DEFAULTS = {
     "round_steps": 10,
     "bench": "chain",
     "agent": {},
+    "max_new_tokens": 96,
 }
 
 
@@ -255,6 +263,9 @@ def main() -> None:
     ap.add_argument(
         "--agent", nargs="+", default=[], metavar="KEY=VALUE", help="agent options, every stage"
     )
+    ap.add_argument(
+        "--max-new-tokens", type=int, default=96, help="most tokens a student's turn generates"
+    )
     ap.add_argument("--dry-run", action="store_true", help="write the configs and stop")
     args = ap.parse_args()
     cfg_dir = args.out / "configs"
@@ -270,6 +281,7 @@ def main() -> None:
         "round_steps": args.round_steps,
         "bench": args.bench,
         "agent": parse_agent(args.agent),
+        "max_new_tokens": args.max_new_tokens,
     }
     check_settings(args.out, settings, write=not args.dry_run)
     stages = configs(args.out, args.seeds, eval_arms=args.eval_arms, **settings)

@@ -189,9 +189,10 @@ def test_agent_options_reach_the_demonstrations_and_every_eval(tmp_path):
     """--agent sets the evolve arm's prompt and code rule in every stage, is pinned, and a
     name or value AgentConfig does not take is refused before anything runs."""
     args = ["--seeds", "0", "--train-arms", "evolve", "--eval-arms", "react", "evolve"]
-    agent = ["--agent", "evolve_prompt=none", "evolve_keep_code=false"]
+    agent = ["--agent", "evolve_prompt=none", "evolve_keep_code=false", "--max-new-tokens", "512"]
     res = _dry(tmp_path, *args, *agent)
     assert res.returncode == 0, res.stderr[-2000:]
+    assert _dry(tmp_path / "d", *args).returncode == 0
     cfgs = tmp_path / "configs"
     annotate = load_config(AnnotateConfig, cfgs / "annotate.yaml", [])
     assert annotate.arms == ["evolve"]
@@ -199,6 +200,10 @@ def test_agent_options_reach_the_demonstrations_and_every_eval(tmp_path):
     for cfg in (annotate, *evals):
         assert (cfg.agent.evolve_prompt, cfg.agent.evolve_keep_code) == ("none", False)
         assert cfg.agent.on_overflow == "force_answer"
+    # a student's program fits in its turn
+    assert [e.sampling.max_new_tokens for e in evals] == [512, 512]
+    default = load_config(EvalConfig, cfgs.parent / "d" / "configs" / "eval-dev-s0.yaml", [])
+    assert default.sampling.max_new_tokens == 96
     check, run = _script().check_settings, tmp_path / "run"
     run.mkdir()
     check(run, {"steps": 7, "agent": {"evolve_prompt": "none", "evolve_keep_code": False}})
