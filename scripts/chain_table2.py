@@ -54,6 +54,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from acmrl.config import AgentConfig, ConfigError, DemoConfig, load_config, parse_override
@@ -283,14 +284,19 @@ def main() -> None:
         "agent": parse_agent(args.agent),
         "max_new_tokens": args.max_new_tokens,
     }
-    check_settings(args.out, settings, write=not args.dry_run)
     stages = configs(args.out, args.seeds, eval_arms=args.eval_arms, **settings)
+    # a bad --agent value is refused here, before the run is pinned to it or a stage starts
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, cfg in stages.items():
+            path = Path(tmp) / f"{name}.yaml"
+            path.write_text(_yaml(cfg))
+            try:
+                load_config(type(cfg), path)
+            except ConfigError as exc:
+                raise SystemExit(f"{name}: {exc}") from None
+    check_settings(args.out, settings, write=not args.dry_run)
     for name, cfg in stages.items():
         (cfg_dir / f"{name}.yaml").write_text(_yaml(cfg))
-        try:  # a bad --agent value is refused here, not when its stage starts
-            load_config(type(cfg), cfg_dir / f"{name}.yaml")
-        except ConfigError as exc:
-            raise SystemExit(f"{name}: {exc}") from None
     if args.dry_run:
         print(f"configs: {cfg_dir}")
         return

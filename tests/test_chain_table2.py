@@ -219,3 +219,13 @@ def test_agent_options_reach_the_demonstrations_and_every_eval(tmp_path):
     ):
         res = _dry(tmp_path / bad, *args, "--agent", bad)
         assert res.returncode != 0 and says in res.stderr, (bad, res.stderr[-500:])
+    # refused before the run is pinned: a real start with a typo leaves nothing to refuse later
+    cmd = [sys.executable, str(ROOT / "scripts" / "chain_table2.py"), str(tmp_path / "typo")]
+    res = subprocess.run(
+        [*cmd, *args, "--agent", "evolve_prompt=tiny"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert res.returncode != 0 and not (tmp_path / "typo" / "protocol.json").exists()

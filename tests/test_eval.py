@@ -265,7 +265,7 @@ def test_context_edits_by_hand():
     from acmrl.eval.edits import edit_figures
 
     t = Trajectory("e", "t1", "kb", "evolve", 0, 0, "m", "q", "a")
-    applied = ContextEvent("evolve", 1000, 600, 900, 120, 300, 0, 420.0, facts_in=5, facts_kept=4)
+    applied = ContextEvent("evolve", 1000, 950, 900, 120, 300, 0, 420.0, facts_in=5, facts_kept=4)
     refused = ContextEvent(
         "evolve", 700, 760, 700, 60, 200, 0, 260.0, applied=False,
         detail="the code threw: SyntaxError: unexpected token in expression: ')'",
@@ -277,7 +277,7 @@ def test_context_edits_by_hand():
         Step(2, _call([1], [2]), text=bad, errors=["Error in tool call 1: not valid JSON"]),
     ]
     row = R.episode_row(t, budget=2000)
-    assert row["malformed_edits"] == {"evolve": 1}
+    assert row["edit_calls"] == {"evolve": {"ran": 2, "malformed": 1}}
     assert [e["refusal"] for e in row["edits"]] == ["", "syntax"]
     assert row["edits"][0]["kept_prefix"] == 0.9
     f = edit_figures([row])["evolve"]
@@ -285,6 +285,27 @@ def test_context_edits_by_hand():
     assert f["valid_rate"] == pytest.approx(1 / 3) and f["refusals"] == {"syntax": 1}
     assert (f["facts_in"], f["facts_kept"]) == (5, 4)  # an applied edit's only
     assert f["generated_median"] == 250 and f["cache_cost_median"] == 90
+    # acm: a manage_context with nothing to compact ran but edited nothing, a harness-forced
+    # compaction is no call of the policy's, and an evolve call (not acm's tool) is another
+    # mistake, not an edit attempted
+    t = Trajectory("e", "t1", "kb", "acm", 0, 0, "m", "q", "a")
+    own = ContextEvent("manage_context", 900, 400, 300, 100, 9, 200, 300.0)
+    forced = ContextEvent("manage_context", 1800, 500, 300, 100, 0, 200, 300.0)
+    evolve = '<tool_call>{"name": "evolve", "arguments": {}}</tool_call>'
+    t.steps = [
+        Step(0, _call([1], [2]), actions=[{"name": "manage_context"}], events=[own]),
+        Step(1, _call([1], [2]), actions=[{"name": "manage_context"}]),
+        Step(2, None, events=[forced], origin="harness"),
+        Step(3, _call([1], [2]), text=evolve, errors=["Error in tool call 1: unknown tool"]),
+    ]
+    row = R.episode_row(t, budget=2000)
+    assert row["edit_calls"] == {"manage_context": {"ran": 2, "malformed": 0}}
+    f = edit_figures([row])
+    assert list(f) == ["manage_context"] and f["manage_context"]["valid_rate"] == 0.5
+    # the harness's own edits have no valid rate
+    summary = {"kind": "summary", "applied": 1.0, "refusal": "", "generated": 90,
+               "cache_cost": 50, "kept_prefix": 0.5, "facts_in": 2, "facts_kept": 2}  # fmt: skip
+    assert edit_figures([{"edits": [summary]}])["summary"]["valid_rate"] is None
 
 
 def _versus_folder(folder, episodes, facts=None):
@@ -347,7 +368,7 @@ def test_versus_start_reports_reward_cost_per_success_and_compaction_point(tmp_p
         tmp_path / "kept", [("t1", True, 600, [0.6, 0.7]), ("t2", False, 600, [0.6])], (3, 2)
     )
     kept = versus_start(tmp_path / "start", tmp_path / "kept", w)
-    assert "| acm | needed facts kept by summaries | - | 0.667 | - | |" in kept
+    assert "| acm | needed facts kept by edits | - | 0.667 | - | |" in kept
     # the reverse direction: dearer successes, lower reward
     back = versus_start(tmp_path / "trained", tmp_path / "start", w)
     assert "+67%" in back and "mean reward not up" in back and "the bar is not met" in back

@@ -34,6 +34,12 @@ def _size(agent: Any) -> str:
     return agent.evolve_prompt if agent is not None else "full"
 
 
+def _without_programs(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The State's items less its evolve calls and their receipts."""
+    ids = {i["call_id"] for i in items if i["type"] == "function_call" and i["name"] == EVOLVE_TOOL}
+    return [i for i in items if i.get("call_id") not in ids]
+
+
 class Evolve(Arm):
     name = "evolve"
     tools = (EVOLVE_TOOL_SCHEMA,)
@@ -64,14 +70,16 @@ class Evolve(Arm):
         ep.state = result.state
         ep.step.observations.append(output_text(ep.state[-1]))
         # an applied program's needed facts: the task's key terms the State held before it (not
-        # in the question), and those the items it returned still hold (its own call and receipt
-        # left out); a refused program changed nothing and is not scored
+        # in the question), and those the items it returned still hold; programs (this one's
+        # call and receipt, and earlier ones kept by evolve_keep_code) are left out of both, as
+        # their code names what they mean to keep. A refused program changed nothing and is
+        # not scored. Each program may drop any term, so a term counts again at each program.
         n_in = n_kept = 0
         if result.applied:
             n_in, n_kept = terms_kept(
                 ep.key_terms(),
-                prompts.items_text(before),
-                prompts.items_text(ep.state[:-2]),
+                prompts.items_text(_without_programs(before)),
+                prompts.items_text(_without_programs(ep.state[:-2])),
                 ep.task.prompt,
             )
         # applied or refused, the edit is charged its generated tokens and the Cache Cost of

@@ -113,7 +113,7 @@ def plot_grpo(metrics: list[dict[str, Any]], path: Path) -> None:
         ("rollout/success", "success"),
         ("reward/compaction_cost", "Compaction Cost (budgets)"),
         ("rollout/compaction_point", "mean compaction point"),
-        ("rollout/fact_retention", "needed facts kept by summaries"),
+        ("rollout/fact_retention", "needed facts kept by edits"),
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(18, 3.5))
     for ax, (key, label) in zip(axes, panels, strict=True):

@@ -17,9 +17,9 @@ to the context and is not an edit. Per edit (a line of ``edits.csv``):
   those it kept (an evolve program: those its returned items still hold);
 - **refusal**: why a refused edit was refused, in a few words (:func:`refusal_kind`).
 
-Per arm and kind (:func:`edit_figures`): the counts, the **valid-program rate** (edits applied
-over edit calls attempted, malformed calls that named the edit's tool included), medians and
-means of the above.
+Per arm and kind (:func:`edit_figures`): the counts, the **valid rate** (the policy's edits
+applied over its calls of the tool, malformed calls that named it included: for ``evolve``, the
+valid-program rate; none for the harness's edits), medians and means of the above.
 """
 
 from __future__ import annotations
@@ -46,24 +46,37 @@ _NAMED = re.compile(r'"name"\s*:\s*"(\w+)"')
 
 def refusal_kind(detail: str) -> str:
     """A refused edit's error (its receipt's ``error``) in a few words: the program did not
-    parse (``syntax``), threw (``runtime error``), ran past a limit, returned an invalid State,
-    came with bad arguments, or the sandbox failed.
+    parse (``syntax``), threw (``runtime error``), ran past a limit, returned no State or an
+    invalid one, came with bad arguments, or the sandbox failed.
 
     >>> refusal_kind("the code threw: SyntaxError: unexpected token in expression: '}'")
     'syntax'
+    >>> refusal_kind("the code threw: SyntaxError: unexpected token: 'not'")  # a JSON.parse
+    'runtime error'
     >>> refusal_kind("the code threw: TypeError: cannot read property 'type' of undefined")
     'runtime error'
+    >>> refusal_kind("evolve must return the State array, got undefined")
+    'invalid State'
     >>> refusal_kind("the returned State is invalid: item 3: unknown role 'tool'")
     'invalid State'
-    >>> refusal_kind("time limit of 500 ms exceeded")
-    'limit'
+    >>> refusal_kind("time limit of 500 ms exceeded"), refusal_kind("the limit is 4,096")
+    ('limit', 'limit')
     """
     d = detail.lower()
-    if "syntaxerror" in d:
+    if "syntaxerror" in d and "unexpected token:" not in d:  # JSON.parse says "token: 'x'"
         return "syntax"
-    if ("limit" in d and "exceeded" in d) or "byte limit" in d:
+    if ("limit" in d and "exceeded" in d) or "byte limit" in d or "the limit is" in d:
         return "limit"
-    if "state is invalid" in d or "must stay the last item" in d or "did not produce a state" in d:
+    if any(
+        m in d
+        for m in (
+            "state is invalid",
+            "returned state holds",
+            "must return the state",
+            "must stay the last item",
+            "did not produce a state",
+        )
+    ):
         return "invalid State"
     if "not valid json" in d or "takes exactly one argument" in d:
         return "arguments"
@@ -102,21 +115,29 @@ def edit_rows(t: Trajectory) -> list[dict[str, Any]]:
     return rows
 
 
-def malformed_edit_calls(t: Trajectory) -> dict[str, int]:
-    """Per edit tool, the calls of it the model wrote that did not run: in a policy turn, the
-    calls naming the tool (``"name": "evolve"``) beyond those that ran (a call that was not
-    valid JSON, or whose arguments broke the tool's schema, names it all the same)."""
-    out: Counter[str] = Counter()
-    tools = {tool for tool in EDIT_KINDS.values() if tool}
+def edit_calls(t: Trajectory) -> dict[str, dict[str, int]]:
+    """Per edit tool of the episode's arm, the calls of it the policy made: those that ran
+    (applied, refused, or with nothing to edit) and those that did not (``malformed``: a call
+    naming the tool, ``"name": "evolve"``, that was not valid JSON or broke the tool's
+    schema). A tool the arm lacks is not counted: calling it is another mistake."""
+    from acmrl.arms import get_arm
+
+    try:
+        own = get_arm(t.arm).tool_names
+    except (KeyError, ValueError):
+        own = set()
+    tools = {tool for tool in EDIT_KINDS.values() if tool in own}
+    out: dict[str, dict[str, int]] = {}
     for s in t.steps:
-        if s.call is None or s.call.role != "policy" or not s.errors:
+        if s.call is None or s.call.role != "policy":
             continue
-        named = Counter(n for n in _NAMED.findall(s.text) if n in tools)
-        ran = Counter(a["name"] for a in s.actions)
-        for tool, n in named.items():
-            if n > ran[tool]:
-                out[tool] += n - ran[tool]
-    return dict(out)
+        ran = Counter(a["name"] for a in s.actions if a["name"] in tools)
+        named = Counter(n for n in _NAMED.findall(s.text) if n in tools) if s.errors else Counter()
+        for tool in ran.keys() | named.keys():
+            c = out.setdefault(tool, {"ran": 0, "malformed": 0})
+            c["ran"] += ran[tool]
+            c["malformed"] += max(0, named[tool] - ran[tool])
+    return out
 
 
 def _median(xs: list[float]) -> float | None:
@@ -129,40 +150,48 @@ def _mean(xs: list[float]) -> float | None:
 
 def edit_figures(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per kind of edit, over the episodes ``rows`` (report rows with their ``edits`` and
-    ``malformed_edits``): how many, how many applied, refused and why, and the per-edit
-    figures' medians and means. Empty when the episodes made no edit and attempted none.
+    ``edit_calls``): how many, how many applied, refused and why, the valid rate, and the
+    per-edit figures' medians and means. The valid rate is the policy's applied edits over its
+    calls of the tool, malformed ones included; None for the harness's edits (the ``summary``
+    monitor, the ``memory`` arm's moves), which no call makes. Empty when the episodes made no
+    edit and attempted none.
 
     >>> rows = [{"edits": [{"kind": "evolve", "applied": 1.0, "refusal": "", "generated": 300,
-    ...                     "cache_cost": 40, "kept_prefix": 0.9, "facts_in": 4, "facts_kept": 4},
+    ...                     "cache_cost": 40, "kept_prefix": 0.9, "facts_in": 4, "facts_kept": 4,
+    ...                     "origin": "policy"},
     ...                    {"kind": "evolve", "applied": 0.0, "refusal": "syntax",
     ...                     "generated": 280, "cache_cost": 30, "kept_prefix": 1.0,
-    ...                     "facts_in": 2, "facts_kept": 2}],
-    ...          "malformed_edits": {"evolve": 2}}]
+    ...                     "facts_in": 0, "facts_kept": 0, "origin": "policy"}],
+    ...          "edit_calls": {"evolve": {"ran": 2, "malformed": 2}}}]
     >>> f = edit_figures(rows)["evolve"]
     >>> f["edits"], f["valid_rate"], f["refusals"], f["generated_median"]
     (2, 0.25, {'syntax': 1}, 290.0)
     """
     episodes = len(rows)
     by_kind: dict[str, list[dict[str, Any]]] = {}
-    malformed: Counter[str] = Counter()
+    calls: dict[str, Counter[str]] = {}
     for r in rows:
         for e in r.get("edits") or []:
             by_kind.setdefault(e["kind"], []).append(e)
-        malformed.update(r.get("malformed_edits") or {})
-    for tool in malformed:
+        for tool, c in (r.get("edit_calls") or {}).items():
+            calls.setdefault(tool, Counter()).update(c)
+    for tool in calls:
         by_kind.setdefault(tool, [])
     out = {}
     for kind in sorted(by_kind, key=list(EDIT_KINDS).index):
         es = by_kind[kind]
         applied = [e for e in es if e["applied"]]
-        attempted = len(es) + malformed[kind]
+        made = calls.get(kind, Counter())
+        attempted = made["ran"] + made["malformed"]
+        by_policy = sum(e.get("origin", "policy") == "policy" for e in applied)
         prefix = [e["kept_prefix"] for e in es if e["kept_prefix"] is not None]
         out[kind] = {
             "edits": len(es),
             "per_episode": len(es) / episodes if episodes else 0.0,
             "applied": len(applied),
-            "malformed": malformed[kind],
-            "valid_rate": len(applied) / attempted if attempted else None,
+            "calls": attempted,
+            "malformed": made["malformed"],
+            "valid_rate": by_policy / attempted if EDIT_KINDS[kind] and attempted else None,
             "refusals": dict(Counter(e["refusal"] for e in es if not e["applied"])),
             "generated_median": _median([e["generated"] for e in es]),
             "generated_mean": _mean([e["generated"] for e in es]),

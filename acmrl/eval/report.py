@@ -33,7 +33,7 @@ from typing import Any
 
 from acmrl.config import ARMS
 from acmrl.context.prefix import reusable_prefix
-from acmrl.eval.edits import edit_figures, edit_rows, malformed_edit_calls
+from acmrl.eval.edits import edit_calls, edit_figures, edit_rows
 from acmrl.eval.failures import SUCCESS, Needs, failure_counts, failure_of
 from acmrl.rewards import compress_loops
 from acmrl.rollout.records import Trajectory, fact_retention
@@ -147,10 +147,10 @@ def episode_row(t: Trajectory, budget: int, needs: Needs | None = None) -> dict[
         "failure": failure_of(t, needs) or SUCCESS,
         # whether the task's needs were known (else a failure is overflow, no_answer or wrong)
         "needs_known": float(needs is not None),
-        # the context edits one by one (edits.csv, not episodes.csv) and the edit calls that
-        # did not run (acmrl.eval.edits)
+        # the context edits one by one (edits.csv, not episodes.csv) and the policy's calls of
+        # the edit tools (acmrl.eval.edits)
         "edits": edit_rows(t),
-        "malformed_edits": malformed_edit_calls(t),
+        "edit_calls": edit_calls(t),
     }
 
 

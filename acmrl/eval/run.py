@@ -211,6 +211,8 @@ def write_report(
         w.writeheader()
         w.writerows(edits)
         _atomic_write(out / "edits.csv", buf.getvalue())
+    else:  # a report rebuilt without edits leaves none of an earlier one's
+        (out / "edits.csv").unlink(missing_ok=True)
     figures = []
     if plots:
         from acmrl.eval.plots import write_plots

@@ -124,7 +124,7 @@ def versus_start(
         if ka is not None or kb is not None:  # recorded by either side
             diff = kb - ka if ka is not None and kb is not None else None
             lines.append(
-                f"| {arm} | needed facts kept by summaries | {_num(ka)} | {_num(kb)} | "
+                f"| {arm} | needed facts kept by edits | {_num(ka)} | {_num(kb)} | "
                 f"{_num(diff, '+.3f')} | |"
             )
         reward_up = fb["reward"] > fa["reward"]

@@ -198,7 +198,8 @@ def _check_evolve(code: Any, state: list[dict[str, Any]], needed: list[str]) -> 
     result = apply_evolve([*state, evolve_call("teacher-check", code)])
     if not result.applied:
         return [f"the evolve code fails on the agent's State: {result.error}"]
-    lost = dropped(state, result.state[: len(state)], needed)
+    # the items the program returned: its own call (which names what it keeps) and receipt out
+    lost = dropped(state, result.state[:-2], needed)
     if lost:
         return [f"the evolve code drops what the task still needs: {', '.join(lost)}"]
     return []

@@ -39,7 +39,6 @@ from acmrl.arms.evolve_edits import (
     still_needed,
 )
 from acmrl.envs.base import ANSWER_TOOL, Environment, Task
-from acmrl.eval.edits import refusal_kind
 from acmrl.rollout.records import Trajectory
 from acmrl.teacher.assessment import Assessment, seen_text
 
@@ -335,10 +334,12 @@ class OracleTeacher:
         gold = task.metadata.get("gold_docs", [])
         done: list[tuple[str, str]] = []
         for i, s in enumerate(steps):
-            bad = self._bad_program(task, traj, steps, i, state_at)
-            if bad is not None:
+            if self._bad_program(task, traj, steps, i, state_at):
+                # the teacher's turn replaces the student's: its context shows no program yet,
+                # so the rationale looks ahead, as an injection's does
                 action, how = self._compaction(task, traj, steps, i)
-                return Assessment("correction", i, action, f"{bad} {how}", self.name)
+                why = f"Before I read on I will make room{self._keep(task, traj, i)}"
+                return Assessment("correction", i, action, f"{why} {how}", self.name)
             seen = seen_text(traj, i)
             calls = [(a["name"], json.dumps(a["arguments"], sort_keys=True)) for a in s.actions]
             answering = any(name == "answer" for name, _ in calls) or not s.actions
@@ -380,45 +381,40 @@ class OracleTeacher:
         steps: list[Any],
         i: int,
         state_at: Callable[[int], list[dict[str, Any]]] | None,
-    ) -> str | None:
-        """Why step ``i``'s evolve program needs rewriting, in the agent's words: it was
-        refused, or (given ``state_at``) rerun on the student's State it drops a string the
-        plan still needs (an id to open, a name or year the chain rests on; never the answer)
-        that the teacher's program at that step keeps. None: no program, or a sound one."""
+    ) -> bool:
+        """Whether step ``i``'s evolve program needs rewriting: it was refused, or (given
+        ``state_at``) rerun on the student's State it drops a string the plan still needs (an
+        id to open, a name or year the chain rests on; never the answer) that the teacher's
+        program at that step keeps. The items each program returned are compared, without its
+        own call (whose code names what it means to keep) and receipt."""
         events = [e for e in steps[i].events if e.kind == "evolve"]
         if not events:
-            return None
-        refused = next((e for e in events if not e.applied), None)
-        if refused is not None:
-            return f"My last program was refused ({refusal_kind(refused.detail)}), so my context is as it was."
-        if state_at is None:
-            return None
+            return False
+        if any(not e.applied for e in events):
+            return True
         code = next(
             (a["arguments"].get("code") for a in steps[i].actions if a["name"] == "evolve"), None
         )
-        if not isinstance(code, str):
-            return None
+        if state_at is None or not isinstance(code, str):
+            return False
         from acmrl.context.evolve import apply_evolve, evolve_call
 
+        try:
+            state = state_at(i)
+        except ValueError:  # the replay could not reach the step: no rerun, no verdict
+            return False
         plan = self.env.oracle_plan(task)
-        state = state_at(i)
         teacher = self._compaction(task, traj, steps, i)[0]["arguments"]["code"]
         own, kept = (apply_evolve([*state, evolve_call("check", c)]) for c in (code, teacher))
         if not (own.applied and kept.applied):
-            return None
+            return False
         terms = [
             t
             for t in {*needed_terms(task, plan), *still_needed(task, plan)}
             if not gives_away(t, task)
         ]
-        lost = [
-            t
-            for t in dropped(state, own.state, terms)
-            if t not in dropped(state, kept.state, terms)
-        ]
-        if not lost:
-            return None
-        return f"My last program dropped {', '.join(sorted(lost)[:3])}, which I still need."
+        spared = set(dropped(state, kept.state[:-2], terms))
+        return any(t not in spared for t in dropped(state, own.state[:-2], terms))
 
     def _visible(self, step: Any, seen: str) -> str:
         """What the student's context showed at ``step`` (its decoded prompt), else ``seen``."""

@@ -13,7 +13,7 @@ import torch
 from acmrl.config import GRPOConfig
 from acmrl.envs import Environment
 from acmrl.envs.base import Task
-from acmrl.eval.edits import edit_figures, edit_rows, malformed_edit_calls
+from acmrl.eval.edits import edit_calls, edit_figures, edit_rows
 from acmrl.rewards import RewardWeights
 from acmrl.rollout.agent import Episode, make_episode
 from acmrl.rollout.records import Trajectory, fact_retention
@@ -79,7 +79,7 @@ def episode_facts(traj: Trajectory, reward: float, terms: dict[str, float]) -> d
         "points": traj.compaction_points(),
         # its context edits, one by one, and the edit calls that did not run (acmrl.eval.edits)
         "edits": [{k: e[k] for k in _EDIT_KEYS} for e in edit_rows(traj)],
-        "malformed_edits": malformed_edit_calls(traj),
+        "edit_calls": edit_calls(traj),
     }
 
 
@@ -131,7 +131,7 @@ def rollout_metrics(facts: list[dict[str, Any]]) -> dict[str, float]:
     out["rollout/compaction_cost_per_success"] = (
         sum(f["metrics"]["compaction_cost"] for f in wins) / len(wins) if wins else float("nan")
     )
-    # how well the summaries written in the step kept the task's needed facts
+    # how well the summaries and evolve programs of the step kept the task's needed facts
     kept = fact_retention([f["metrics"] for f in facts])
     out["rollout/fact_retention"] = float("nan") if kept is None else kept
     # per kind of context edit: the valid rate (an evolve program's), and per edit the tokens
