@@ -1,7 +1,7 @@
 """The fair Table 2 on kb_search chain or code_nav trace: one student per seed, on test tasks.
 
     .venv/bin/python scripts/chain_table2.py OUT [--bench chain|trace] [--seeds 0 1 2]
-        [--steps 100] [--train-arms ARM ...] [--timing spread|read] [--parts test dev]
+        [--steps 100] [--train-arms ARM ...] [--timing spread|read|late] [--parts test dev]
         [--eval-arms ARM ...] [--round-tasks 0] [--round-steps 10] [--test-tasks 25]
         [--agent KEY=VALUE ...] [--max-new-tokens 96] [--dry-run]
 
@@ -22,8 +22,12 @@ Settings to choose on the dev worlds (pinned in OUT/protocol.json with the steps
 rerun with others is refused): ``--train-arms``, the arms whose demonstrations are trained
 (default all four); ``--timing``, when the teacher compacts: ``spread`` as the demo (each task's
 point drawn from 0.5-0.9 of the budget right after a read, a share of 0.35 only when the next
-result would not fit) or ``read`` (right after every document read that the answer does not
-follow: one rule, the same in every task); ``--round-tasks N``, a teacher round after SFT, as
+result would not fit), ``read`` (right after every document read that the answer does not
+follow: one rule, the same in every task) or ``late`` (only when the next result would not
+fit, in every task: the audit's ceiling timing; the evolve arm, which has no archive, keeps the
+lodge memberships a recall question needs only if it cuts after the document that says which
+lodge matters, and at ``read`` its best policy fails all 40 recall questions of the 160 training
+tasks); ``--round-tasks N``, a teacher round after SFT, as
 the demo's: each seed's SFT student runs N training tasks of each of worlds 11-20 in every
 trained arm, the oracle edits its runs and resumes them, and ``--round-steps`` steps at a fifth
 of SFT's learning rate train the SFT policy on the demonstrations and the round together; the
@@ -124,6 +128,10 @@ def configs(
     if timing == "read":  # compact right after every read that the answer does not follow
         annotate.teacher = dataclasses.replace(
             annotate.teacher, pressure=0.05, pressure_spread=[], late_share=0.0
+        )
+    elif timing == "late":  # compact only when the next result would not fit
+        annotate.teacher = dataclasses.replace(
+            annotate.teacher, pressure=1.0, pressure_spread=[], late_share=1.0
         )
     annotate.output = str(out / "annotate")
     out_cfgs: dict[str, object] = {"annotate": annotate}
@@ -256,7 +264,7 @@ def main() -> None:
         "--test-tasks", type=int, default=25, help="eval tasks per world (trace: of the split)"
     )
     ap.add_argument("--train-arms", nargs="+", default=EVAL_ARMS, help="arms demonstrated")
-    ap.add_argument("--timing", choices=["spread", "read"], default="spread")
+    ap.add_argument("--timing", choices=["spread", "read", "late"], default="spread")
     ap.add_argument("--parts", nargs="+", choices=["test", "dev"], default=["test"])
     ap.add_argument("--eval-arms", nargs="+", default=EVAL_ARMS)
     ap.add_argument("--round-tasks", type=int, default=0, help="teacher round, tasks per world")

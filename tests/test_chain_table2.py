@@ -62,6 +62,11 @@ def test_the_read_timing_and_train_arms_reach_the_annotation(tmp_path):
     assert _dry(other).returncode == 0
     spread = load_config(AnnotateConfig, other / "configs" / "annotate.yaml", []).teacher
     assert spread.pressure_spread == [0.5, 0.9] and spread.late_share > 0
+    # late: every task compacts only when the next result would not fit (the audit's timing)
+    assert _dry(tmp_path / "late", "--timing", "late").returncode == 0
+    late = load_config(AnnotateConfig, tmp_path / "late" / "configs" / "annotate.yaml", [])
+    t = late.teacher
+    assert (t.pressure, t.pressure_spread, t.late_share) == (1.0, [], 1.0)
 
 
 def test_a_teacher_round_runs_on_other_training_worlds_and_the_evals_read_its_policy(tmp_path):
