@@ -272,6 +272,28 @@ def test_repeat_rule_runs_a_call_again_once_its_result_was_compacted_away(env, t
     assert results[2].startswith("You already called search with these arguments on turn 3")
 
 
+def test_repeat_rule_runs_a_read_again_once_an_evolve_program_cut_its_result(env, tiny):
+    """A result an evolve program rewrote is no longer in the context as it was returned, so
+    reading it again runs; an untouched one (the harness's context note aside) is refused."""
+    task = env.tasks("eval")[0]
+    search, read = env.oracle_plan(task)[:2]
+    cut = "return state.map(i => i.type === 'function_call_output' ? {...i, output: 'cut'} : i);"
+    keep = "return state;"
+    for code, runs in ((cut, True), (keep, False)):
+        script = calls([search, read, ("evolve", {"code": code}), read, ("answer", {"text": "x"})])
+        ep = episode(
+            env, task, "evolve", tiny.tokenizer, max_context_tokens=8192, repeat_rule=True,
+            context_signal=True,
+        )  # fmt: skip
+        traj = play(ep, script, tiny)
+        again = traj.steps[3].observations[0]
+        assert traj.steps[2].events[0].applied
+        if runs:
+            assert again.split("\n[")[0] == traj.steps[1].observations[0].split("\n[")[0]
+        else:
+            assert again.startswith("You already called open with these arguments on turn 2")
+
+
 def test_summaries_are_scored_on_the_needed_facts_they_keep(env, tiny):
     """The issue's "share of needed facts that survive a summary": each summary counts the
     task's key terms in the steps it replaced (and nowhere else in the context) and those it

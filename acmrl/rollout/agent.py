@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from acmrl.arms import arm_tools, get_arm
-from acmrl.arms.memory import MOVED
 from acmrl.config import AgentConfig, ModelConfig, SamplingConfig
 from acmrl.context.archive import Archive
 from acmrl.context.prefix import compaction_cost, reusable_prefix
@@ -90,7 +89,8 @@ class Episode:
         self.last_input: list[int] = []  # the last policy prompt + completion: what is cached
         self._pending: list[_Pending] = []  # context events waiting for the next input
         # environment call -> (turn, call id) of its latest run
-        self._env_calls: dict[tuple[str, str], tuple[int, str]] = {}
+        # each environment call (name, arguments): its turn, call id and the result returned
+        self._env_calls: dict[tuple[str, str], tuple[int, str, str]] = {}
         self._key_terms: list[str] | None = None  # env.key_terms(task), at the first summary
         self._resume: Callable[[Completion], None] | None = None
         self.pending_role = "policy"
@@ -328,9 +328,10 @@ class Episode:
         if self.agent.repeat_rule and call.name != ANSWER_TOOL and self._in_view(key):
             self.output(call_id, repeated_call(call.name, self._env_calls[key][0]))
             return None
-        self._env_calls[key] = (self.turn, call_id)
         obs = self.session.call(call.name, call.arguments)
-        self.output(call_id, obs if isinstance(obs, str) else json.dumps(obs))
+        text = obs if isinstance(obs, str) else json.dumps(obs)
+        self._env_calls[key] = (self.turn, call_id, text)
+        self.output(call_id, text)
         if self.session.done:
             self.queue.clear()  # nothing runs after the answer
             return None
@@ -343,11 +344,17 @@ class Episode:
         read again, as a person would reopen a document."""
         if key not in self._env_calls:
             return False
-        call_id = self._env_calls[key][1]
+        _, call_id, returned = self._env_calls[key]
+
+        def as_returned(text: str) -> bool:  # the harness's notes ("[context: ...]") aside
+            return text == returned or (
+                text.startswith(returned) and text[len(returned) :].startswith("\n[")
+            )
+
         return any(
             x["type"] == "function_call_output"
             and x["call_id"] == call_id
-            and not output_text(x).startswith(MOVED)
+            and as_returned(output_text(x))
             for x in self.state
         )
 
