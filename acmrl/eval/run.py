@@ -445,9 +445,10 @@ def edit_lines(report: dict[str, Any]) -> list[str]:
         "",
         "Per edit: the tokens generated for it (the call and the summariser's completion), the "
         "Cache Cost of the next input, and the share of the input before it that the next input "
-        "still shares as its prefix (kept prefix: 1.0 when the edit only appends). Valid: edits "
-        "applied over edit calls attempted, malformed calls naming the tool included. Facts: the "
-        "task's key terms an applied edit had to keep, and kept (`edits.csv` has every edit).",
+        "still shares as its prefix (kept prefix: 1.0 when the edit only appends). Valid: the "
+        "policy's applied edits over its calls of the tool, malformed ones included (none for the "
+        "harness's edits). Facts: the task's key terms an applied edit had to keep, and kept "
+        "(`edits.csv` has every edit).",
         "",
         "| arm | edit | per episode | valid | refused (why) | generated, median | "
         "Cache Cost, median | kept prefix, mean | facts kept |",
