@@ -347,3 +347,34 @@ def test_evolve_programs_drop_spent_steps_and_fit_where_the_code_leaves(tokenize
         # of the searches only the one not yet followed by a read can be left
         assert sum(i["name"] == "search" for i in calls) <= 1
     assert sum(d.score for d in runs[True]) < sum(d.score for d in runs[False])
+
+
+def test_evolve_reads_a_cut_document_again_under_the_repeat_rule(tokenizer):
+    """A recall question needs a membership line the program cut before the lodge was known:
+    the evolve teacher reads the person's document again, which the repeat rule allows because
+    the result is no longer in the context as it was returned (it refused it before 2026-12-07,
+    and every recall demonstration of the chain protocol failed)."""
+    chain = load("kb_search", preset="chain", seed=1)
+    tasks = [t for t in chain.tasks("train") if t.metadata["question"] == "recall"][:2]
+    demos = demonstrate(
+        chain,
+        tasks,
+        ["evolve"],
+        tokenizer,
+        agent=AgentConfig(
+            max_turns=30,
+            max_context_tokens=2048,
+            evolve_keep_code=False,
+            evolve_prompt="none",
+            on_overflow="force_answer",
+            repeat_rule=True,
+        ),
+        sampling=SamplingConfig(max_new_tokens=512),
+        pressure=0.05,
+        policy="best",
+    )
+    for d in demos:
+        person = d.steps[1].actions[0]
+        opens = [a for s in d.steps for a in s.actions if a == person]
+        refused = [o for s in d.steps for o in s.observations if o.startswith("You already")]
+        assert d.score == 1.0 and len(opens) == 2 and not refused, d.task_id

@@ -692,22 +692,3 @@ def test_oracle_corrects_a_refused_or_lossy_evolve_program_with_its_own(env, tin
     assert OracleTeacher(env).assess(task, lossy.traj, 4096).kind == "no_action"
     _, c, _ = student(teacher_code)
     assert c.kind == "no_action", (c.step, c.rationale, c.action)
-
-
-def test_the_evolve_program_keeps_every_line_a_recall_question_asks_for():
-    """kb_search chain's recall question asks for a member number before the lodge is known:
-    the teacher's program keeps every membership line of the person, a ledger question's none
-    beyond its year's."""
-    from acmrl.arms.evolve_edits import keep_facts_code, kept_lines
-
-    chain = load("kb_search", preset="chain", seed=1)
-    tasks = chain.tasks("train")
-    recall = next(t for t in tasks if t.metadata["question"] == "recall")
-    ledger = next(t for t in tasks if t.metadata["question"] == "ledger")
-    assert chain.asked_terms(recall) == ["member number"] and chain.asked_terms(ledger) == []
-    assert kept_lines(chain, recall, []) == ["member number"]
-    plan = chain.oracle_plan(recall)
-    code = keep_facts_code(
-        recall, plan, "holds member number 1 in the X Lodge.", keep=["member number"]
-    )
-    assert "'member number'" in code.split("\n")[0]

@@ -72,11 +72,8 @@ TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
 def kept_lines(env: Any, task: Task, results: Sequence[str]) -> list[str]:
     """The lines of ``results`` that the environment says a teacher keeps verbatim for ``task``
     (:meth:`~acmrl.envs.base.Environment.notes_of`, which a summary's notes keep too: on code,
-    whole spans, such as a call with all its arguments), as their code reads; first, the
-    question's words that name the kind of line its answer is on
-    (:meth:`~acmrl.envs.base.Environment.asked_terms`), which keep every such line."""
-    asked = getattr(env, "asked_terms", None)  # an object that is not an Environment: none
-    out: list[str] = list(asked(task)) if asked is not None else []
+    whole spans, such as a call with all its arguments), as their code reads."""
+    out: list[str] = []
     for result in results:
         for line in env.notes_of(task, result) or []:  # "path:line: code"
             code = line.split(": ", 1)[-1]

@@ -192,14 +192,6 @@ class Environment:
     # may compact right after one (teacher.pressure)
     read_tools: tuple[str, ...] = ("open",)
 
-    def asked_terms(self, task: Task) -> list[str]:
-        """Words of the question that name the kind of line its answer is on, where which of
-        several such lines matters becomes known only later (kb_search chain's recall
-        questions: "member number", of the person's memberships in several lodges, before the
-        lodge is known). A teacher's evolve program keeps every line that has one. Empty by
-        default."""
-        return []
-
     def notes_of(self, task: Task, result: str) -> list[str] | None:
         """The lines of one tool result that a teacher's summary keeps verbatim for ``task``
         (what the question is known to need once that result is read); None leaves it to the

@@ -664,12 +664,6 @@ class KBSearch(Environment):
         plan.append(("answer", {"text": event.name}))
         return plan
 
-    def asked_terms(self, task: Task) -> list[str]:
-        """A recall question's "member number": the person's document lists one per lodge, and
-        which lodge matters is known only once the town's document is read (a ledger question's
-        year is known from the first document, and selects its line itself)."""
-        return ["member number"] if task.metadata.get("question") == "recall" else []
-
     def key_terms(self, task: Task) -> list[str]:
         """Every name of the chain, the birth year the lookup needs, the event (the answer) and
         the documents the expert reads: what a summary must keep for the rest of the task."""

@@ -81,9 +81,6 @@ class Mixture(Environment):
     def answer_evidence(self, task: Task) -> list[Evidence]:
         return self._of(task).answer_evidence(task)
 
-    def asked_terms(self, task: Task) -> list[str]:
-        return self._of(task).asked_terms(task)
-
     def notes_of(self, task: Task, result: str) -> list[str] | None:
         return self._of(task).notes_of(task, result)
 
