@@ -289,9 +289,22 @@ def test_repeat_rule_runs_a_read_again_once_an_evolve_program_cut_its_result(env
         again = traj.steps[3].observations[0]
         assert traj.steps[2].events[0].applied
         if runs:
-            assert again.split("\n[")[0] == traj.steps[1].observations[0].split("\n[")[0]
+            assert again == traj.steps[1].observations[0]  # run again, the same document
         else:
             assert again.startswith("You already called open with these arguments on turn 2")
+
+
+def test_repeat_rule_reads_again_what_the_memory_arm_moved(env, tiny):
+    """The memory arm replaces a result by a stub once the agent has acted on it (the next
+    environment call moves it to memory): reading it again then runs; before, it is refused."""
+    task = env.tasks("eval")[0]
+    search, read, other = env.oracle_plan(task)[:3]
+    script = calls([search, read, read, other, read, ("answer", {"text": "x"})])
+    ep = episode(env, task, "memory", tiny.tokenizer, max_context_tokens=8192, repeat_rule=True)
+    traj = play(ep, script, tiny)
+    reads = [s.observations[0] for s in traj.steps if s.actions and s.actions[0]["name"] == read[0]]
+    assert len(reads) == 3 and reads[1].startswith("You already called open")
+    assert reads[2] == reads[0]
 
 
 def test_summaries_are_scored_on_the_needed_facts_they_keep(env, tiny):
