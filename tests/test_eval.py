@@ -271,8 +271,9 @@ def test_context_edits_by_hand():
         detail="the code threw: SyntaxError: unexpected token in expression: ')'",
     )  # fmt: skip
     bad = '<tool_call>{"name": "evolve", "arguments": {"code": "return s"}</tool_call>'
+    code = {"name": "evolve", "arguments": {"code": "return state;"}}
     t.steps = [
-        Step(0, _call([1], [2]), actions=[{"name": "evolve"}], events=[applied]),
+        Step(0, _call([1], [2]), actions=[code], events=[applied]),
         Step(1, _call([1], [2]), actions=[{"name": "evolve"}], events=[refused]),
         Step(2, _call([1], [2]), text=bad, errors=["Error in tool call 1: not valid JSON"]),
     ]
@@ -280,6 +281,7 @@ def test_context_edits_by_hand():
     assert row["edit_calls"] == {"evolve": {"ran": 2, "malformed": 1}}
     assert [e["refusal"] for e in row["edits"]] == ["", "syntax"]
     assert row["edits"][0]["kept_prefix"] == 0.9
+    assert [e["program"] for e in row["edits"]] == ["return state;", ""]
     f = edit_figures([row])["evolve"]
     assert (f["edits"], f["applied"], f["malformed"]) == (2, 1, 1)
     assert f["valid_rate"] == pytest.approx(1 / 3) and f["refusals"] == {"syntax": 1}

@@ -15,7 +15,8 @@ to the context and is not an edit. Per edit (a line of ``edits.csv``):
 - **facts_in / facts_kept**: the task's key terms the edit had to keep (in the steps a summary
   replaced and not elsewhere; in the State an evolve program edited, not in the question) and
   those it kept (an evolve program: those its returned items still hold);
-- **refusal**: why a refused edit was refused, in a few words (:func:`refusal_kind`).
+- **refusal**: why a refused edit was refused, in a few words (:func:`refusal_kind`);
+- **program**: an evolve edit's code as the policy wrote it (examples of what it learned).
 
 Per arm and kind (:func:`edit_figures`): the counts, the **valid rate** (the policy's edits
 applied over its calls of the tool, malformed calls that named it included: for ``evolve``, the
@@ -89,6 +90,10 @@ def edit_rows(t: Trajectory) -> list[dict[str, Any]]:
     """The episode's edits, one dict each (the columns of ``edits.csv``)."""
     rows = []
     for s in t.steps:
+        # an evolve event's program: the step's evolve calls, in order (one event each)
+        programs = iter(
+            str(a.get("arguments", {}).get("code", "")) for a in s.actions if a["name"] == "evolve"
+        )
         for e in s.events:
             if e.kind not in EDIT_KINDS:
                 continue
@@ -110,6 +115,7 @@ def edit_rows(t: Trajectory) -> list[dict[str, Any]]:
                     "facts_in": e.facts_in,
                     "facts_kept": e.facts_kept,
                     "detail": e.detail,
+                    "program": next(programs, "") if e.kind == "evolve" else "",
                 }
             )
     return rows
