@@ -313,6 +313,27 @@ def test_each_arm_demonstrates_its_own_best_policy_on_chain(tokenizer):
         assert last.text.startswith(env.answer_evidence(task)[-1].text.rstrip(".")), last.text
 
 
+def _evolve_demos(env, tasks, tokenizer, **agent):
+    """The evolve arm's best-policy demonstrations at chain's 2,048 tokens, the State described
+    in a sentence, a program after every read (``pressure`` 0.05), room for it in one turn."""
+    return demonstrate(
+        env,
+        tasks,
+        ["evolve"],
+        tokenizer,
+        agent=AgentConfig(
+            max_turns=30,
+            max_context_tokens=2048,
+            evolve_prompt="none",
+            on_overflow="force_answer",
+            **agent,
+        ),
+        sampling=SamplingConfig(max_new_tokens=512),
+        pressure=0.05,
+        policy="best",
+    )
+
+
 def test_evolve_programs_drop_spent_steps_and_fit_where_the_code_leaves(tokenizer):
     """The teacher's program drops the spent steps (earlier evolve calls with their receipts,
     searches already followed by a read, all but the latest thought), so the State holds one
@@ -320,24 +341,10 @@ def test_evolve_programs_drop_spent_steps_and_fit_where_the_code_leaves(tokenize
     false) the same plan fits a budget that the kept text overflows."""
     chain = load("kb_search", preset="chain", seed=1)
     tasks = chain.tasks("train")[:4]
-    runs = {}
-    for keep in (True, False):
-        runs[keep] = demonstrate(
-            chain,
-            tasks,
-            ["evolve"],
-            tokenizer,
-            agent=AgentConfig(
-                max_turns=30,
-                max_context_tokens=2048,
-                evolve_keep_code=keep,
-                evolve_prompt="none",
-                on_overflow="force_answer",
-            ),
-            sampling=SamplingConfig(max_new_tokens=512),
-            pressure=0.05,  # an edit after every read
-            policy="best",
-        )
+    runs = {
+        keep: _evolve_demos(chain, tasks, tokenizer, evolve_keep_code=keep)
+        for keep in (True, False)
+    }
     for d in runs[False]:
         calls = [i for i in d.final_state if i.get("type") == "function_call"]
         programs = [i for i in calls if i["name"] == "evolve"]
@@ -356,23 +363,7 @@ def test_evolve_reads_a_cut_document_again_under_the_repeat_rule(tokenizer):
     and every recall demonstration of the chain protocol failed)."""
     chain = load("kb_search", preset="chain", seed=1)
     tasks = [t for t in chain.tasks("train") if t.metadata["question"] == "recall"][:2]
-    demos = demonstrate(
-        chain,
-        tasks,
-        ["evolve"],
-        tokenizer,
-        agent=AgentConfig(
-            max_turns=30,
-            max_context_tokens=2048,
-            evolve_keep_code=False,
-            evolve_prompt="none",
-            on_overflow="force_answer",
-            repeat_rule=True,
-        ),
-        sampling=SamplingConfig(max_new_tokens=512),
-        pressure=0.05,
-        policy="best",
-    )
+    demos = _evolve_demos(chain, tasks, tokenizer, evolve_keep_code=False, repeat_rule=True)
     for d in demos:
         person = d.steps[1].actions[0]
         opens = [a for s in d.steps for a in s.actions if a == person]
