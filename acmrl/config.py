@@ -825,6 +825,32 @@ class RewardConfig:
 
 
 @dataclasses.dataclass
+class DecisionConfig:
+    """GRPO's decision groups (acmrl/train/decisions.py): groups that branch at the state where
+    the policy chose whether to compact, so the choice is credited, not the whole episode."""
+
+    share: float = option(
+        0.0,
+        "share of each step's groups (task x arm) that branch at a decision instead of being "
+        "whole episodes (0: whole episodes only)",
+        min=0.0,
+        max=1.0,
+    )
+    context_share: float = option(
+        0.7,
+        "a policy turn is a decision state when it calls its arm's own tool (manage_context, "
+        "query_memory, evolve) or its input is above this share of the budget",
+        min=0.0,
+        max=1.0,
+    )
+    credit: Literal["decision", "continuation"] = option(
+        "decision",
+        "which tokens of a branch get its advantage: the decision turn's (and the summaries or "
+        "extracts it triggered), or those and every later turn's",
+    )
+
+
+@dataclasses.dataclass
 class GRPOConfig:
     """`acmrl train grpo`: online GRPO on task success minus compaction cost."""
 
@@ -859,6 +885,18 @@ class GRPOConfig:
     )
     skip_flat_groups: bool = option(
         True, "drop groups whose rewards are all equal (zero advantage) unless kl_coef > 0"
+    )
+    decisions: DecisionConfig = section(DecisionConfig, "groups that branch at a decision")
+    aggregation: Literal["token", "segment"] = option(
+        "token",
+        "how the loss averages: over every target token of the step (a segment weighs by its "
+        "tokens), or per segment (a segment's token mean, times its segment weight)",
+    )
+    segment_weight: Literal["one", "inverse"] = option(
+        "one",
+        "weight of each segment (a sample: the tokens of one unbroken context, or one summariser "
+        "/ querier call): 1, or 1 / the number of segments of its episode (so under "
+        "aggregation=segment every episode weighs the same however often it compacted)",
     )
     skip_failed_groups: bool = option(
         False,

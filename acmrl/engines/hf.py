@@ -130,6 +130,7 @@ class HFEngine(Engine):
         self.model = model.eval()
         self.share_prefix = share_prefix  # False: the baseline of benchmarks/rollout_throughput.py
         self.borrowed_tokens = 0  # prompt tokens read from another session's cache
+        self.prefilled_tokens = 0  # prompt tokens computed (neither reused nor borrowed)
         self.drop_finished = drop_finished  # False: the baseline of benchmarks/decode_batch.py
         self.tokenizer = tokenizer
         self.reuse_cache = reuse_cache
@@ -221,6 +222,7 @@ class HFEngine(Engine):
                 if n >= start + MIN_BORROWED:
                     source, start = other.kv, n
             self.borrowed_tokens += start - own
+        self.prefilled_tokens += len(prompt) - start
         data = [(k[:, :, :start], v[:, :, :start]) for k, v in source] if start else None
         cache = DynamicCache(ddp_cache_data=data, config=self.model.config)
         ids = torch.tensor([prompt[start:]], device=self.device)

@@ -16,40 +16,14 @@ from typing import Any
 
 from acmrl.config import AgentConfig, SamplingConfig
 from acmrl.context.render import format_tool_call
-from acmrl.engines.base import Completion, Engine, Request
-from acmrl.engines.scripted import ScriptedEngine, replay
+from acmrl.engines.base import Engine
+from acmrl.engines.scripted import ScriptedEngine
 from acmrl.envs.base import Environment, Task
 from acmrl.rollout.agent import Episode
 from acmrl.rollout.records import Trajectory
+from acmrl.rollout.replay import Recorded, SpliceEngine, replayed_turns
 from acmrl.rollout.worker import run_episodes
 from acmrl.teacher.assessment import Assessment
-
-
-class SpliceEngine(Engine):
-    """Scripted replies while a session has some left, then the real engine."""
-
-    name = "splice"
-
-    def __init__(self, real: Engine, tokenizer: Any, scripts: dict[str, list[str]]) -> None:
-        self.real = real
-        self.scripts = {k: list(v) for k, v in scripts.items()}
-        self._scripted = ScriptedEngine(tokenizer, replay(self.scripts), truncate=False)
-        self._used: dict[str, int] = {}
-
-    def _scripted_left(self, session_id: str) -> bool:
-        return self._used.get(session_id, 0) < len(self.scripts.get(session_id, []))
-
-    def generate(self, requests: list[Request]) -> list[Completion]:
-        scripted = [r for r in requests if self._scripted_left(r.session_id)]
-        live = [r for r in requests if not self._scripted_left(r.session_id)]
-        for r in scripted:
-            self._used[r.session_id] = self._used.get(r.session_id, 0) + 1
-        done = dict(zip(map(id, scripted), self._scripted.generate(scripted), strict=True))
-        done |= dict(zip(map(id, live), self.real.generate(live) if live else [], strict=True))
-        return [done[id(r)] for r in requests]
-
-    def release(self, session_id: str) -> None:
-        self.real.release(session_id)
 
 
 def teacher_turn(a: Assessment) -> str:
@@ -59,22 +33,14 @@ def teacher_turn(a: Assessment) -> str:
 
 def _scripts(
     source: Trajectory, edit: Assessment, episode_id: str, tokenizer: Any
-) -> dict[str, list[str]]:
+) -> dict[str, list[str | Recorded]]:
     """What to replay: the student's turns before the edit, then the teacher's turn; and the
     helper replies those turns triggered."""
-    policy: list[str] = []
-    helpers: dict[str, list[str]] = {}
-    n = 0
-    for step in source.steps:
-        if step.call is not None and step.call.role == "policy":
-            if n == edit.step:
-                break
-            n += 1
-            policy.append(step.text)
-        for h in step.helper_calls:
-            ids = h.completion_ids[:-1] if h.finish_reason == "stop" else h.completion_ids
-            helpers.setdefault(f"{episode_id}/{h.role}", []).append(tokenizer.decode(ids))
-    return {episode_id: [*policy, teacher_turn(edit)], **helpers}
+    policy, helpers = replayed_turns(source, edit.step, tokenizer)
+    return {
+        episode_id: [*policy, teacher_turn(edit)],
+        **{f"{episode_id}/{role}": texts for role, texts in helpers.items()},
+    }
 
 
 def state_before(
@@ -120,7 +86,7 @@ def splice_episodes(
     sampling: SamplingConfig,
     n: int = 1,
     seed: int = 0,
-) -> tuple[list[Episode], dict[str, list[str]]]:
+) -> tuple[list[Episode], dict[str, list[str | Recorded]]]:
     """``n`` episodes that will replay ``source`` up to the edit and resume after it, and the
     scripts that drive the replay (keyed by engine session)."""
     if edit.kind == "no_action" or edit.action is None:
@@ -147,7 +113,7 @@ def splice_episodes(
 
 
 def run_spliced(
-    jobs: list[tuple[Trajectory, Assessment, list[Episode], dict[str, list[str]]]],
+    jobs: list[tuple[Trajectory, Assessment, list[Episode], dict[str, list[str | Recorded]]]],
     engine: Engine,
     tokenizer: Any,
     *,

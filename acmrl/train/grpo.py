@@ -17,19 +17,30 @@ The algorithm, per step ``s`` (one optimiser step per ``updates_per_step``):
    ``hf`` engine samples from a merged copy of the policy in that dtype, refreshed after every
    optimiser step (:mod:`acmrl.train.sampler`): at bf16 speed, with the old logprobs
    recomputed by the trainer as always.
+   With ``decisions.share`` > 0, that share of the groups are *decision groups*
+   (:mod:`acmrl.train.decisions`): one episode, then G - 1 branches that replay it up to one of
+   its decision states (a call of the arm's own tool, or an input above
+   ``decisions.context_share`` of the budget) and sample from there on, in a second phase.
 3. **Rewards.** :func:`acmrl.rewards.trajectory_reward`: success minus the weighted Compaction
    Cost (summariser and querier tokens included, in units of the budget), malformed-call and
    compress-loop penalties. Every term is logged.
 4. **Advantages.** Group-relative: each rollout's reward minus the mean of its group (task x
-   arm); divided by the group's std when ``scale_advantages``.
-5. **Samples.** :func:`acmrl.train.samples.trajectory_samples`: per-turn samples, consecutive
-   calls packed while the prompt extends the previous sequence, a new sample at every prefix
-   break (compaction); the loss mask covers the policy's own tokens. Every token of a rollout
-   shares its advantage.
+   arm); divided by the group's std when ``scale_advantages``. An advantage belongs to an
+   episode, computed before the episode is split into segments: an episode counts once in its
+   group however many segments its compactions cut it into.
+5. **Samples.** :func:`acmrl.train.samples.trajectory_samples`: per-turn samples (segments),
+   consecutive calls packed while the prompt extends the previous sequence, a new sample at
+   every prefix break (compaction); the loss mask covers the policy's own tokens. Every target
+   token of a rollout shares its advantage; a decision group's member has targets only at its
+   decision turn (``decisions.credit=continuation``: from it on).
 6. **Loss.** :func:`acmrl.train.loss.grpo_loss`: ``-min(r A, clip(r, 1-eps, 1+eps) A)`` with
-   ``r = exp(logp - logp_old)``, summed over all target tokens of the step's batch and divided by
-   their number (token-level aggregation), plus ``kl_coef`` x the k3 estimate of KL(policy ||
-   reference). Gradients accumulate over micro-batches of at most ``optim.batch_tokens`` tokens.
+   ``r = exp(logp - logp_old)``, averaged over all target tokens of the step's batch (token-level
+   aggregation), plus ``kl_coef`` x the k3 estimate of KL(policy || reference). The average is
+   weighted per segment (:func:`acmrl.train.grpo_steps.segment_coefficients`): by default every
+   target token counts once; ``aggregation=segment`` averages within each segment first, and
+   ``segment_weight=inverse`` gives each segment 1 / its episode's segments, so an episode's
+   weight does not grow with the compactions it made. Gradients accumulate over micro-batches
+   of at most ``optim.batch_tokens`` tokens.
 
 Deliberate departures from textbook GRPO (DeepSeekMath):
 
@@ -87,7 +98,7 @@ from peft import PeftModel
 from acmrl.config import GRPOConfig
 from acmrl.envs import Environment
 from acmrl.rewards import trajectory_reward
-from acmrl.rollout.agent import Episode
+from acmrl.rollout.agent import Episode, make_episode
 from acmrl.rollout.environment import build_environment
 from acmrl.rollout.worker import JsonlLog, run_episodes
 from acmrl.train.checkpoint import load_training_state, prune_checkpoints, save_run_checkpoint
@@ -101,11 +112,23 @@ from acmrl.train.common import (
     save_policy,
     shares_prefix,
 )
+from acmrl.train.decisions import (
+    branch_id,
+    branch_scripts,
+    decision_states,
+    mark_branch,
+    pick_decision,
+    prefill_figures,
+    run_with_replays,
+    turns_credited,
+)
 from acmrl.train.grpo_steps import (
+    branching_groups,
     episode_facts,
     group_key,
     reward_weights,
     rollout_metrics,
+    segment_coefficients,
     step_episodes,
     step_tasks,
 )
@@ -131,14 +154,22 @@ def token_batches(
 
 
 def collate(
-    samples: list[Sample], advantages: list[float], max_len: int, pad_id: int, device: Any
+    samples: list[Sample],
+    advantages: list[float],
+    max_len: int,
+    pad_id: int,
+    device: Any,
+    coefficients: list[float] | None = None,
 ) -> dict[str, torch.Tensor]:
+    """A micro-batch; ``loss_weight`` is the loss mask times each sample's segment coefficient
+    (:func:`acmrl.train.grpo_steps.segment_coefficients`; 1 when none is given)."""
     T = max(min(len(s.token_ids), max_len) for s in samples)
     B = len(samples)
     ids = torch.full((B, T), pad_id, dtype=torch.long)
     attn = torch.zeros(B, T, dtype=torch.long)
     mask = torch.zeros(B, T, dtype=torch.long)
     engine_lp = torch.zeros(B, T)
+    coef = torch.tensor(coefficients or [1.0] * B, dtype=torch.float32)
     for b, s in enumerate(samples):
         n = min(len(s.token_ids), T)
         ids[b, :n] = torch.tensor(s.token_ids[:n])
@@ -150,6 +181,7 @@ def collate(
         "input_ids": ids,
         "attention_mask": attn,
         "loss_mask": mask,
+        "loss_weight": mask.float() * coef[:, None],
         "engine_logprobs": engine_lp,
         "advantages": torch.tensor(advantages, dtype=torch.float32),
     }
@@ -230,6 +262,11 @@ class GRPOTrainer:
         self.engine = self._make_engine()
         self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
         self.weights = reward_weights(cfg)
+        # this step's decision groups (acmrl.train.decisions): each member's trained turns, the
+        # branches' ids and the figures logged
+        self.credit: dict[str, tuple[int, int | None]] = {}
+        self.branch_ids: set[str] = set()
+        self.decision_metrics: dict[str, float] = {}
         self.log = (
             JsonlLog(self.out / f"rollouts-rank{self.acc.process_index}.jsonl", "episode_id")
             if cfg.save_rollouts
@@ -317,13 +354,87 @@ class GRPOTrainer:
     # -- one step ---------------------------------------------------------------------------------
 
     def rollout(self, step: int) -> tuple[list[Episode], float]:
+        """The step's episodes: whole-episode groups, and the decision groups' sources and
+        branches (:mod:`acmrl.train.decisions`), which run in a second phase."""
         cfg = self.cfg
         tasks = step_tasks(self.tasks, step, cfg)[self.acc.process_index :: self.acc.num_processes]
-        episodes = step_episodes(cfg, self.env, tasks, step, self.tok)
+        sources = branching_groups(cfg, len(tasks), step)
+        episodes = step_episodes(cfg, self.env, tasks, step, self.tok, sources)
+        self.credit = {}
+        self.branch_ids = set()
+        self.decision_metrics = {}
         self.model.eval()
         t0 = time.perf_counter()
         run_episodes(episodes, self.engine, concurrency=cfg.concurrency)
+        if sources:
+            firsts = [e for e in episodes if e.id.endswith("#0")]
+            picked = {(k, arm) for k, arm in sources}
+            heads = [
+                e
+                for e in firsts
+                if (int(e.id.split("/", 2)[1]), e.arm) in picked  # s<step>/<k>/task#arm#0
+            ]
+            episodes += self._branch(heads)
         return episodes, time.perf_counter() - t0
+
+    def _branch(self, sources: list[Episode]) -> list[Episode]:
+        """Second phase: G - 1 branches from a decision state of each source, or G - 1 more
+        whole episodes where the source has none; returns the episodes kept."""
+        cfg, dc = self.cfg, self.cfg.decisions
+        jobs, scripts, whole = {}, {}, []
+        for src in sources:
+            states = decision_states(src.traj, src.budget, dc.context_share, cfg.agent)
+            d = pick_decision(states, cfg.seed, src.id)
+            for r in range(1, cfg.group_size):
+                # without a decision state the group is a whole-episode one
+                eid = branch_id(src.id, r) if d else src.id.rsplit("#", 1)[0] + f"#{r}"
+                ep = make_episode(
+                    cfg,
+                    eid,
+                    self.env,
+                    src.task,
+                    src.arm,
+                    r,
+                    self.tok,
+                    sample_helpers=cfg.train_helpers,
+                )
+                if d is None:
+                    whole.append(ep)
+                else:
+                    jobs[eid] = (ep, src, d)
+                    scripts |= branch_scripts(src.traj, d, eid, self.tok)
+            if d is not None:
+                self.credit[src.id] = turns_credited(d, dc.credit)
+        before = getattr(self.engine, "prefilled_tokens", None)
+        branches = [ep for ep, _, _ in jobs.values()]
+        if branches:
+            run_with_replays(branches, scripts, self.engine, self.tok, concurrency=cfg.concurrency)
+        after = getattr(self.engine, "prefilled_tokens", None)
+        if whole:
+            run_episodes(whole, self.engine, concurrency=cfg.concurrency)
+        kept, diverged = [], 0
+        for ep, src, d in jobs.values():
+            if mark_branch(ep.traj, src.traj, d):
+                self.credit[ep.id] = turns_credited(d, dc.credit)
+                self.branch_ids.add(ep.id)
+                kept.append(ep)
+            else:
+                diverged += 1
+        n_groups = len({group_key(e.id) for e in kept})
+        reasons = [ep.traj.edit["reason"] for ep in kept if ep.id.endswith("#b1")]
+        self.decision_metrics = {
+            "decision/groups": float(n_groups),
+            "decision/without_state": float(len(whole) // max(1, cfg.group_size - 1)),
+            "decision/diverged": float(diverged),
+            "decision/at_tool_call": sum(r == "tool" for r in reasons) / max(1, len(reasons)),
+            "decision/point": sum(ep.traj.edit["share"] for ep in kept) / max(1, len(kept)),
+            **prefill_figures(
+                [e.traj for e in kept],
+                None if before is None or after is None else after - before,
+                n_groups,
+            ),
+        }
+        return kept + whole
 
     def advantages(
         self, episodes: list[Episode]
@@ -354,22 +465,38 @@ class GRPOTrainer:
 
     def samples(
         self, episodes: list[Episode], adv: list[float]
-    ) -> tuple[list[Sample], list[float], int]:
-        samples, sample_adv, flat = [], [], 0
+    ) -> tuple[list[Sample], list[float], list[float], int]:
+        """The step's samples, each with its episode's advantage and its segment coefficient;
+        and how many episodes were left out as flat. A decision group's member is trained on
+        its credited turns only."""
+        cfg = self.cfg
+        samples, sample_adv, coefs, flat = [], [], [], 0
         for ep, a in zip(episodes, adv, strict=True):
-            if a == 0.0 and self.cfg.skip_flat_groups and self.cfg.kl_coef == 0:
+            if a == 0.0 and cfg.skip_flat_groups and cfg.kl_coef == 0:
                 flat += 1
                 continue
-            for s in trajectory_samples(ep.traj, helpers=self.cfg.train_helpers):
-                if any(s.loss_mask[1 : self.cfg.max_len]):
-                    samples.append(s)
-                    sample_adv.append(a)
-        return samples, sample_adv, flat
+            own = [
+                s
+                for s in trajectory_samples(
+                    ep.traj, helpers=cfg.train_helpers, turns=self.credit.get(ep.id)
+                )
+                if any(s.loss_mask[1 : cfg.max_len])
+            ]
+            targets = [sum(s.loss_mask[1 : cfg.max_len]) for s in own]
+            samples += own
+            sample_adv += [a] * len(own)
+            coefs += segment_coefficients(targets, cfg.aggregation, cfg.segment_weight)
+        return samples, sample_adv, coefs, flat
 
-    def update(self, samples: list[Sample], adv: list[float]) -> dict[str, float]:
-        """``updates_per_step`` optimiser steps on the step's samples; returns the last's metrics."""
+    def update(
+        self, samples: list[Sample], adv: list[float], coefs: list[float] | None = None
+    ) -> dict[str, float]:
+        """``updates_per_step`` optimiser steps on the step's samples; returns the last's metrics.
+        The loss is the mean over the step's target tokens weighted by ``coefs`` (one segment
+        coefficient per sample; all 1: the plain token mean)."""
         cfg, acc = self.cfg, self.acc
         T = cfg.sampling.temperature
+        coefs = coefs or [1.0] * len(samples)
         batches = [
             collate(
                 [samples[i] for i in idx],
@@ -377,10 +504,12 @@ class GRPOTrainer:
                 cfg.max_len,
                 self.pad,
                 acc.device,
+                [coefs[i] for i in idx],
             )
             for idx in token_batches(samples, cfg.optim.batch_tokens, cfg.max_len, self.share)
         ]
-        n_local = sum(float(b["loss_mask"].sum()) for b in batches)
+        n_local = sum(float(b["loss_weight"].sum()) for b in batches)
+        n_targets = sum(float(b["loss_mask"].sum()) for b in batches)
         # every process takes part in the same collectives: the same number of micro-batches
         # (a process with fewer runs zero-gradient ones) and one all-reduce per update, on the
         # last; the loss is the token mean over every process's targets
@@ -421,12 +550,12 @@ class GRPOTrainer:
                         lp,
                         lp.detach() if on_policy else b["old_logprobs"],
                         b["advantages"],
-                        b["loss_mask"],
+                        b["loss_weight"],
                         clip_eps=cfg.clip_eps,
                         ref_logprobs=b.get("ref_logprobs"),
                         kl_coef=cfg.kl_coef,
                     )
-                    share = float(b["loss_mask"].sum()) / max(1.0, n_total)
+                    share = float(b["loss_weight"].sum()) / (n_total or 1.0)
                     # token-level mean over the whole step's batch, on every process: DDP
                     # averages the processes' gradients, so each contributes world x its share
                     acc.backward(out.loss * share * world)
@@ -444,8 +573,9 @@ class GRPOTrainer:
             self.sched.step()
             self.opt.zero_grad()
             metrics |= {f"train/{k}": self._sum(v) for k, v in sums.items()}
-        metrics["train/logprob_mismatch"] = self._sum(mismatch) / max(1.0, n_total)
-        metrics["train/target_tokens"] = n_total
+        targets = self._sum(n_targets)
+        metrics["train/logprob_mismatch"] = self._sum(mismatch) / max(1.0, targets)
+        metrics["train/target_tokens"] = targets
         metrics["train/tokens"] = self._sum(sum(float(b["attention_mask"].sum()) for b in batches))
         return metrics
 
@@ -484,13 +614,13 @@ class GRPOTrainer:
                 if ep.id not in self.log.done:
                     self.log.write(ep.traj.to_dict())
         rewards, adv, terms = self.advantages(episodes)
-        samples, sample_adv, flat = self.samples(episodes, adv)
+        samples, sample_adv, coefs, flat = self.samples(episodes, adv)
         self.engine.sleep()  # a colocated engine frees its memory for the update
         t0 = time.perf_counter()
         n_any = int(self.acc.gather(torch.tensor([len(samples)], device=self.acc.device)).sum())
         metrics: dict[str, Any]
         if n_any:  # a process without samples takes part with zero-gradient micro-batches
-            metrics = self.update(samples, sample_adv)
+            metrics = self.update(samples, sample_adv, coefs)
         else:  # every group flat everywhere: no gradient, so no optimiser step (Adam's momentum
             # would keep moving the weights); the schedule advances by the step's updates
             for _ in range(self.cfg.updates_per_step):
@@ -509,15 +639,20 @@ class GRPOTrainer:
         self.engine.policy_updated()  # what the old policy computed is not reused
         if self.engine.loads_policy:  # the next rollouts sample the update
             self._sync(self.engine, step + 1)
-        # every process's episodes, not only this one's share
+        # every process's episodes, not only this one's share; a branch is not a whole episode
+        # of the policy (its start was replayed), so the rollout figures leave it out
+        branched = self.branch_ids
         facts = [
-            episode_facts(e.traj, r, t) for e, r, t in zip(episodes, rewards, terms, strict=True)
+            episode_facts(e.traj, r, t)
+            for e, r, t in zip(episodes, rewards, terms, strict=True)
+            if e.id not in branched
         ]
         if self.acc.num_processes > 1:
             from accelerate.utils import gather_object
 
             facts = gather_object(facts)
         metrics |= rollout_metrics(facts)
+        metrics |= self._decision_step_metrics(episodes, adv)
         metrics |= {
             "rollout/flat_episodes": self._sum(flat),
             "rollout/seconds": rollout_s,
@@ -530,6 +665,20 @@ class GRPOTrainer:
         self.state["losses"] = [*self.state["losses"], metrics.get("train/loss", 0.0)]
         self.state["rewards"] = [*self.state["rewards"], metrics["reward/mean"]]
         return metrics
+
+    def _decision_step_metrics(self, episodes: list[Episode], adv: list[float]) -> dict[str, float]:
+        """The decision groups' figures of this step (summed over processes where they count)."""
+        if not self.cfg.decisions.share:
+            return {}
+        mine = self.decision_metrics
+        credit = self.credit
+        members = [a for e, a in zip(episodes, adv, strict=True) if e.id in credit]
+        out = {k: v for k, v in mine.items()}
+        out["decision/members"] = float(len(members))
+        out["decision/nonflat_members"] = float(sum(a != 0.0 for a in members))
+        for key in ("decision/groups", "decision/without_state", "decision/diverged"):
+            out[key] = self._sum(out.get(key, 0.0))
+        return out
 
     def describe(self, metrics: dict[str, Any]) -> str:
         return (

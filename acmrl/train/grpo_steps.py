@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Container
 from typing import Any
 
 import torch
@@ -32,13 +33,29 @@ def step_tasks(tasks: list[Task], step: int, cfg: GRPOConfig) -> list[Task]:
     return out
 
 
+def branching_groups(cfg: GRPOConfig, n_tasks: int, step: int) -> set[tuple[int, str]]:
+    """The groups (task index, arm) of step ``step`` that branch at a decision
+    (:mod:`acmrl.train.decisions`): ``decisions.share`` of them, rounded, drawn with a seed of
+    the run's seed and the step."""
+    groups = [(k, arm) for k in range(n_tasks) for arm in cfg.arms]
+    n = round(cfg.decisions.share * len(groups))
+    return set(random.Random(cfg.seed * 1_000_003 + 7919 * step).sample(groups, n))
+
+
 def step_episodes(
-    cfg: GRPOConfig, env: Environment, tasks: list[Task], step: int, tokenizer: Any
+    cfg: GRPOConfig,
+    env: Environment,
+    tasks: list[Task],
+    step: int,
+    tokenizer: Any,
+    sources: Container[tuple[int, str]] = (),
 ) -> list[Episode]:
+    """The step's whole episodes: ``group_size`` per task and arm, and one (the source of its
+    branches) for the groups in ``sources``."""
     episodes = []
     for k, task in enumerate(tasks):
         for arm in cfg.arms:
-            for g in range(cfg.group_size):
+            for g in range(1 if (k, arm) in sources else cfg.group_size):
                 # k tells apart a task drawn twice in one step (a split smaller than the step)
                 eid = f"s{step + 1}/{k}/" + episode_id(task.id, arm, g)
                 episodes.append(
@@ -49,8 +66,28 @@ def step_episodes(
     return episodes
 
 
+def segment_coefficients(targets: list[int], aggregation: str, segment_weight: str) -> list[float]:
+    """The loss weight of each target token of one episode's segments (its samples, with
+    ``targets[i]`` target tokens in segment ``i``): the segment's weight (1, or 1 / the number of
+    segments under ``segment_weight=inverse``), divided under ``aggregation=segment`` by the
+    segment's targets, so that its tokens sum to that weight. The loss is the weighted mean of
+    the step's target tokens under these weights; with token aggregation and weight one (the
+    default) every target token counts once, as in DAPO / Dr. GRPO.
+
+    >>> segment_coefficients([10, 30], "token", "one")
+    [1.0, 1.0]
+    >>> segment_coefficients([10, 30], "segment", "inverse")
+    [0.05, 0.016666666666666666]
+    """
+    w = 1.0 / max(1, len(targets)) if segment_weight == "inverse" else 1.0
+    if aggregation == "segment":
+        return [w / max(1, n) for n in targets]
+    return [w] * len(targets)
+
+
 def group_key(ep_id: str) -> str:
-    """Episodes ``s3/0/task#arm#g`` of one group share ``s3/0/task#arm``."""
+    """Episodes ``s3/0/task#arm#g`` of one group share ``s3/0/task#arm`` (and so do the branches
+    ``s3/0/task#arm#b1`` of a decision group)."""
     return ep_id.rsplit("#", 1)[0]
 
 

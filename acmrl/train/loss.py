@@ -235,9 +235,11 @@ def grpo_loss(
     the reference (the k3 estimator, exp(ref - new) - (ref - new) - 1).
 
     ``advantages`` is ``[B]``: every token of a sample shares its rollout's advantage.
+    ``mask`` may hold weights (GRPO's segment weights): the result is then their weighted mean.
     """
     m = mask.float()
-    n = m.sum().clamp(min=1.0)
+    total = m.sum()
+    n = torch.where(total > 0, total, torch.ones_like(total))
     ratio = torch.exp(logprobs - old_logprobs)
     adv = advantages[:, None]
     unclipped = ratio * adv

@@ -21,7 +21,13 @@ changes what a token is taught (:class:`SampleWeights`):
 - a student's own run without an edit: every turn is weighted by its outcome, as above;
 - a demonstration (every policy turn the teacher's): every turn *and every summary or extract
   the teacher wrote in it* is a target, weighted ``demo_failure`` + (``demo_success`` -
-  ``demo_failure``) x score (by default a failed demonstration teaches nothing).
+  ``demo_failure``) x score (by default a failed demonstration teaches nothing);
+- a GRPO branch (``edit["kind"] == "branch"``, :mod:`acmrl.train.decisions`): the source's
+  turns replayed before the branch's decision turn are context, as before an edit.
+
+``turns`` (first, last) limits the targets to those policy turns (and the summaries and extracts
+they triggered); ``last`` None runs to the end. GRPO's decision groups credit a decision turn
+alone, or it and the rest of its continuation, this way.
 
 Per sample, ``weight`` is the largest token weight (0: nothing to learn in SFT).
 
@@ -106,12 +112,19 @@ def trajectory_samples(
     helpers: bool = False,
     pack: bool = True,
     weights: SampleWeights | None = None,
+    turns: tuple[int, int | None] | None = None,
 ) -> list[Sample]:
-    """The samples of ``traj``; ``pack=False`` gives one sample per call (for comparisons)."""
+    """The samples of ``traj``; ``pack=False`` gives one sample per call (for comparisons);
+    ``turns`` limits the targets to those policy turns (module docstring)."""
     w = weights or SampleWeights()
     edit = traj.edit or {}
     demo = edit.get("kind") == "demonstration"
-    edit_step = int(edit["step"]) if edit.get("kind") in EDITS else -1
+    edit_step = int(edit["step"]) if edit.get("kind") in (*EDITS, "branch") else -1
+    first, last = turns or (0, None)
+
+    def context(turn: int) -> bool:  # a turn whose tokens are context, not targets
+        return turn < max(edit_step, first) or (last is not None and turn > last)
+
     outcome = w.outcome(traj.score, demo)
     samples: list[Sample] = []
     cur: Sample | None = None
@@ -122,7 +135,7 @@ def trajectory_samples(
         turn = n if call is not None and call.role in ("policy", "teacher") else n - 1
         # a replayed turn before the edit (and what it triggered) is context; the summary the
         # student writes after the teacher's injected compaction is its own, after the edit
-        replayed = turn < edit_step
+        replayed = context(turn)
         helper_calls += [(c, replayed) for c in step.helper_calls if c.role in HELPERS]
         if call is None or call.role not in ("policy", "teacher"):
             continue

@@ -1,0 +1,176 @@
+"""Decision groups: GRPO groups that branch at the state where the policy chose whether to
+compact, so the advantage credits that choice rather than a whole episode.
+
+A whole-episode group is G episodes of one task; the advantage of each is spread over all its
+turns, and the one turn that decides whether to compact gets the credit of every other. A
+decision group starts the same way, from one episode (the *source*), then:
+
+1. **States.** The source's decision states are its policy turns that call the arm's own tool
+   (``manage_context``, ``query_memory``, ``evolve``) or whose input is above
+   ``decisions.context_share`` of the budget (where compacting was an option). One is drawn,
+   seeded by the run's seed and the episode id.
+2. **Branches.** G - 1 branches replay the source up to that turn (its turns and the summariser
+   or querier replies they triggered are played back through the real environment and context
+   tools, as a teacher's splice does: :func:`acmrl.rollout.replay.replayed_turns`), then the
+   policy samples the decision turn anew and goes on to the end. With the source they are G
+   samples of what follows one state, under the current policy: their rewards form the group.
+3. **Credit.** Each member's advantage goes to its decision turn's tokens (and the summaries or
+   extracts that turn triggered), or with ``decisions.credit=continuation`` to every turn from
+   the decision on. Turns before it are the same in every member: context, never targets.
+
+A source without a decision state gets G - 1 more whole episodes instead (a whole-episode group),
+in the same rollout phase as the branches. The engine's prefix cache makes branches cheap: every
+branch of a group starts from the same input, which the ``hf`` engine reads once and lends to
+the others (``share_prefix``); :func:`prefill_figures` counts what was read with and without it.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from acmrl.arms import get_arm
+from acmrl.engines.base import Engine
+from acmrl.rollout.agent import Episode
+from acmrl.rollout.records import Trajectory
+from acmrl.rollout.replay import Recorded, SpliceEngine, replayed_turns
+from acmrl.rollout.worker import run_episodes
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A decision state of an episode: before its policy turn ``turn`` (0-based)."""
+
+    turn: int
+    reason: str  # "tool": the policy called its arm's own tool there; "context": input above
+    share: float  # the turn's input tokens / the budget
+
+
+def policy_turns(traj: Trajectory) -> list[Any]:
+    """The steps of ``traj`` with a policy call, in order (turn ``n`` is the n-th)."""
+    return [s for s in traj.steps if s.call is not None and s.call.role == "policy"]
+
+
+def decision_states(
+    traj: Trajectory, budget: int, context_share: float, agent: Any = None
+) -> list[Decision]:
+    """The turns of ``traj`` at which the policy chose whether to compact (module docstring)."""
+    own = {t["function"]["name"] for t in get_arm(traj.arm).tool_schemas(agent)}
+    out = []
+    for n, step in enumerate(policy_turns(traj)):
+        share = len(step.call.prompt_ids) / max(1, budget)
+        if any(a.get("name") in own for a in step.actions):
+            out.append(Decision(n, "tool", share))
+        elif share >= context_share:
+            out.append(Decision(n, "context", share))
+    return out
+
+
+def pick_decision(states: list[Decision], seed: int, episode_id: str) -> Decision | None:
+    """One of ``states``, drawn with a seed of the run's seed and the episode id (so a resumed
+    or repeated run draws the same); None when there is none."""
+    if not states:
+        return None
+    return random.Random(seed * 1_000_003 + zlib.crc32(episode_id.encode())).choice(states)
+
+
+def branch_id(source_id: str, r: int) -> str:
+    """Branch ``r`` of source ``...#arm#0`` is ``...#arm#b<r>``: the same group key."""
+    return f"{source_id.rsplit('#', 1)[0]}#b{r}"
+
+
+def branch_scripts(
+    source: Trajectory, decision: Decision, eid: str, tokenizer: Any
+) -> dict[str, list[Recorded]]:
+    """What branch ``eid`` replays before its decision turn, keyed by engine session."""
+    policy, helpers = replayed_turns(source, decision.turn, tokenizer)
+    return {eid: policy, **{f"{eid}/{role}": texts for role, texts in helpers.items()}}
+
+
+def mark_branch(traj: Trajectory, source: Trajectory, decision: Decision) -> bool:
+    """Give the replayed turns of branch ``traj`` the source's own calls (its sampled ids and
+    logprobs) and record the branch's origin; False when the replay diverged from the source
+    (its inputs differ: the branch is then not a sample of the source's state)."""
+    src = policy_turns(source)
+    mine = policy_turns(traj)
+    if len(mine) <= decision.turn:  # it ended before the decision turn
+        return False
+    for n in range(decision.turn + 1):  # the decision turn's input too: the same state
+        if mine[n].call.prompt_ids != src[n].call.prompt_ids:
+            return False
+        if n < decision.turn:
+            mine[n].call = src[n].call
+    traj.edit = {
+        "kind": "branch",
+        "source": source.episode_id,
+        "step": decision.turn,
+        "reason": decision.reason,
+        "share": decision.share,
+    }
+    return True
+
+
+def run_with_replays(
+    episodes: list[Episode],
+    scripts: dict[str, list[Recorded]],
+    engine: Engine,
+    tokenizer: Any,
+    *,
+    concurrency: int,
+) -> None:
+    """Run ``episodes`` together: sessions with a script play it back first (policy and helper
+    sessions alike), then, as every other episode, sample from ``engine``."""
+    ids = {e.id for e in episodes}
+    policy = {k: v for k, v in scripts.items() if k in ids}
+    helpers = {k: v for k, v in scripts.items() if k not in ids}
+    run_episodes(
+        episodes,
+        SpliceEngine(engine, tokenizer, policy),
+        helper_engine=SpliceEngine(engine, tokenizer, helpers),
+        concurrency=concurrency,
+    )
+
+
+def turns_credited(decision: Decision, credit: str) -> tuple[int, int | None]:
+    """The policy turns a decision group's member is trained on."""
+    return (decision.turn, decision.turn if credit == "decision" else None)
+
+
+def prefill_figures(
+    branches: list[Trajectory], prefilled: int | None, n_groups: int
+) -> dict[str, float]:
+    """Per decision group, the prompt tokens the branches' live calls read without any prefix
+    cache (every prompt in full) and, where the engine counts it, the tokens it computed."""
+    prompt = 0
+    for t in branches:
+        start = int((t.edit or {}).get("step", 0))
+        for n, step in enumerate(policy_turns(t)):
+            if n >= start:
+                prompt += len(step.call.prompt_ids)
+        k = 0
+        for step in t.steps:  # helper calls from the decision turn on
+            if step.call is not None and step.call.role == "policy":
+                k += 1
+            if k > start:
+                prompt += sum(len(c.prompt_ids) for c in step.helper_calls)
+    g = max(1, n_groups)
+    out = {"decision/prompt_tokens_per_group": prompt / g}
+    if prefilled is not None:
+        out["decision/prefilled_tokens_per_group"] = prefilled / g
+        out["decision/prefill_share"] = prefilled / max(1, prompt)
+    return out
+
+
+__all__ = [
+    "Decision",
+    "branch_id",
+    "branch_scripts",
+    "decision_states",
+    "mark_branch",
+    "pick_decision",
+    "prefill_figures",
+    "run_with_replays",
+    "turns_credited",
+]

@@ -1,0 +1,284 @@
+"""GRPO's decision groups and segment weights: branches replay their source exactly through the
+real environment and context tools, are credited at the decision turn only, and an episode's
+weight in the loss follows the configured segment rule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from acmrl.config import AgentConfig, GRPOConfig, SamplingConfig
+from acmrl.context.render import format_tool_call
+from acmrl.engines.scripted import ScriptedEngine, replay
+from acmrl.envs import load
+from acmrl.rollout.agent import Episode
+from acmrl.rollout.worker import run_episodes
+from acmrl.train.decisions import (
+    Decision,
+    branch_id,
+    branch_scripts,
+    decision_states,
+    mark_branch,
+    pick_decision,
+    policy_turns,
+    prefill_figures,
+    run_with_replays,
+    turns_credited,
+)
+from acmrl.train.grpo import collate
+from acmrl.train.grpo_steps import branching_groups, group_key, segment_coefficients
+from acmrl.train.loss import grpo_loss
+from acmrl.train.samples import trajectory_samples
+
+AGENT = {"max_context_tokens": 1536, "summary_max_tokens": 24, "query_max_tokens": 16}
+
+
+@pytest.fixture(scope="module")
+def env():
+    return load("kb_search", preset="tiny", seed=0)
+
+
+def calls(plan) -> list[str]:
+    return [format_tool_call(name, args) for name, args in plan]
+
+
+def acm_episode(env, task, eid, tok) -> Episode:
+    return Episode(
+        eid,
+        env,
+        task,
+        "acm",
+        tok,
+        agent=AgentConfig(**AGENT),
+        sampling=SamplingConfig(max_new_tokens=200),
+    )
+
+
+@pytest.fixture(scope="module")
+def source(env, tiny_engine):
+    """An acm episode that reads twice, compacts (turn 2) and goes on to the right answer; its
+    summaries are the tiny model's."""
+    task = env.tasks("eval")[0]
+    plan = env.oracle_plan(task)
+    texts = [*calls(plan[:2]), format_tool_call("manage_context", {}), *calls(plan[2:])]
+    ep = acm_episode(env, task, "s1/0/" + f"{task.id}#acm#0", tiny_engine.tokenizer)
+    run_episodes(
+        [ep],
+        ScriptedEngine(tiny_engine.tokenizer, replay({ep.id: texts})),
+        helper_engine=tiny_engine,
+    )
+    assert ep.traj.status == "answered" and ep.traj.score == 1.0, ep.traj.error
+    return ep, texts
+
+
+def test_decision_states_are_the_context_tool_calls_and_the_full_inputs(source):
+    ep, _ = source
+    tool = decision_states(ep.traj, ep.budget, context_share=1.0)
+    assert [(d.turn, d.reason) for d in tool] == [(2, "tool")]
+    every = decision_states(ep.traj, ep.budget, context_share=0.0)
+    assert [d.turn for d in every] == list(range(len(policy_turns(ep.traj))))
+    assert all(0 < d.share < 1 for d in every)
+    # the draw is seeded by the run's seed and the episode id: a resumed run draws the same
+    assert pick_decision(every, 3, ep.id) == pick_decision(every, 3, ep.id)
+    assert len({pick_decision(every, s, ep.id).turn for s in range(20)}) > 1
+    assert pick_decision([], 0, ep.id) is None
+
+
+def test_branches_replay_the_source_and_are_credited_at_the_decision(env, source, tiny_engine):
+    ep, texts = source
+    tok = tiny_engine.tokenizer
+    d = Decision(2, "tool", 0.5)
+    ids = [branch_id(ep.id, r) for r in (1, 2)]
+    assert {group_key(i) for i in ids} == {group_key(ep.id)}  # one group with the source
+    scripts = {}
+    for eid in ids:
+        scripts |= branch_scripts(ep.traj, d, eid, tok)
+    # the source's turns before the decision, and the summary it wrote there, are not replayed
+    assert [r.text for r in scripts[ids[0]]] == texts[:2] and f"{ids[0]}/summariser" not in scripts
+
+    played = {ids[1]: iter(texts[2:])}
+
+    def live(session_id: str, prompt: str) -> str:
+        """What the policy samples from the decision on: b1 answers at once (wrongly), b2
+        compacts and goes on as the source did; summaries are short notes."""
+        if session_id.endswith("/summariser"):
+            return "I read two documents."
+        if session_id == ids[0]:
+            return format_tool_call("answer", {"text": "nobody"})
+        return next(played[session_id])
+
+    branches = [acm_episode(env, ep.task, eid, tok) for eid in ids]
+    run_with_replays(branches, scripts, ScriptedEngine(tok, live), tok, concurrency=2)
+    b1, b2 = (b.traj for b in branches)
+    assert all(mark_branch(b.traj, ep.traj, d) for b in branches)
+    assert b1.status == "answered" and b1.score == 0.0
+    assert b2.score == 1.0 and b2.metrics["compactions"] == 1
+    src_turns, b1_turns = policy_turns(ep.traj), policy_turns(b1)
+    # the replayed turns are the source's own calls (its sampled ids and logprobs)...
+    assert [t.call for t in b1_turns[:2]] == [t.call for t in src_turns[:2]]
+    # ...the decision turn starts from the source's input, and is the branch's own
+    assert b1_turns[2].call.prompt_ids == src_turns[2].call.prompt_ids
+    assert b1_turns[2].text != src_turns[2].text
+    assert b1.edit == {"kind": "branch", "source": ep.id, "step": 2, "reason": "tool", "share": 0.5}
+
+    def targets(traj, turns):
+        return sum(sum(s.loss_mask) for s in trajectory_samples(traj, True, turns=turns))
+
+    decision, rest = turns_credited(d, "decision"), turns_credited(d, "continuation")
+    assert decision == (2, 2) and rest == (2, None)
+    assert targets(b1, decision) == len(b1_turns[2].call.completion_ids)
+    # the source's decision turn and the summary that turn made
+    summary = [c for s in ep.traj.steps for c in s.helper_calls if c.role == "summariser"]
+    assert len(summary) == 1
+    turn2 = len(src_turns[2].call.completion_ids) + len(summary[0].completion_ids)
+    assert targets(ep.traj, decision) == turn2
+    later = sum(len(t.call.completion_ids) for t in src_turns[3:])
+    assert targets(ep.traj, rest) == turn2 + later
+    # a branch checked against another source is refused: it is not a sample of that state
+    other = acm_episode(env, env.tasks("eval")[1], "x#acm#0", tok)
+    run_episodes([other], ScriptedEngine(tok, replay({other.id: texts})), helper_engine=tiny_engine)
+    assert not mark_branch(b1, other.traj, d)
+    figures = prefill_figures([b1, b2], 0, 1)
+    assert figures["decision/prompt_tokens_per_group"] > 0
+    assert figures["decision/prefill_share"] == 0.0
+
+
+def test_a_turn_cut_at_the_token_limit_replays_as_cut(env, tiny_engine):
+    """The tiny model's turns are cut at 8 tokens; replayed as text they would end as plain
+    replies (the final answer) and the branch would stop there. Replayed as recorded, every
+    branch reaches the source's decision state."""
+    tok = tiny_engine.tokenizer
+    task = env.tasks("eval")[0]
+
+    def sampled(eid: str) -> Episode:
+        return Episode(
+            eid,
+            env,
+            task,
+            "acm",
+            tok,
+            agent=AgentConfig(max_turns=3),
+            sampling=SamplingConfig(max_new_tokens=8, temperature=1.0),
+            seed=len(eid),
+        )
+
+    src = sampled("s1/0/t#acm#0")
+    run_episodes([src], tiny_engine)
+    cut = [t.call.finish_reason for t in policy_turns(src.traj)]
+    assert cut == ["length"] * 3 and src.traj.status == "max_turns"
+    d = Decision(2, "context", 0.5)
+    branches = [sampled(branch_id(src.id, r)) for r in (1, 2)]
+    scripts = {}
+    for b in branches:
+        scripts |= branch_scripts(src.traj, d, b.id, tok)
+    run_with_replays(branches, scripts, tiny_engine, tok, concurrency=2)
+    assert all(mark_branch(b.traj, src.traj, d) for b in branches)
+    assert all(len(policy_turns(b.traj)) == 3 for b in branches)
+
+
+def test_branching_groups_take_the_configured_share():
+    cfg = GRPOConfig(arms=["acm", "react"])
+    assert branching_groups(cfg, 4, 0) == set()
+    cfg.decisions.share = 0.5
+    chosen = branching_groups(cfg, 4, 0)
+    assert len(chosen) == 4 and chosen <= {(k, a) for k in range(4) for a in ("acm", "react")}
+    assert chosen == branching_groups(cfg, 4, 0)
+    cfg.decisions.share = 1.0
+    assert len(branching_groups(cfg, 4, 3)) == 8
+
+
+def test_an_episodes_weight_follows_the_segment_rule(source):
+    """An episode split into more segments (more compactions) weighs the same under
+    aggregation=segment with weight inverse; with weight one it weighs by its segments, and
+    under token aggregation by its target tokens (however packing split them)."""
+    ep, _ = source
+    many = trajectory_samples(ep.traj, helpers=True)
+    one = trajectory_samples(ep.traj, helpers=False, pack=True)[:1]
+    assert len(many) >= 3  # before the compaction, after it, and the summary
+    for samples in (many, one):
+        targets = [sum(s.loss_mask[1:]) for s in samples]
+
+        def weight(aggregation: str, rule: str, targets=targets) -> float:
+            coefs = segment_coefficients(targets, aggregation, rule)
+            return sum(c * n for c, n in zip(coefs, targets, strict=True))
+
+        assert weight("segment", "inverse") == pytest.approx(1.0)
+        assert weight("segment", "one") == pytest.approx(len(samples))
+        assert weight("token", "one") == sum(targets)
+        assert weight("token", "inverse") == pytest.approx(sum(targets) / len(samples))
+
+
+def test_the_loss_is_the_weighted_token_mean(source, tiny_engine):
+    """collate's loss weights (mask x segment coefficient) make grpo_loss the weighted mean of the
+    per-token losses; with every coefficient 1 it is the plain token mean, as before."""
+    ep, _ = source
+    samples = trajectory_samples(ep.traj, helpers=True)
+    coefs = segment_coefficients([sum(s.loss_mask[1:]) for s in samples], "segment", "inverse")
+    adv = [0.7] * len(samples)
+    b = collate(samples, adv, 4096, 0, "cpu", coefs)
+    torch.manual_seed(0)
+    lp = -torch.rand(b["loss_mask"].shape)
+    old = lp - 0.05 * torch.randn(lp.shape)
+    out = grpo_loss(lp, old, b["advantages"], b["loss_weight"], clip_eps=0.2)
+    ratio = torch.exp(lp - old)
+    per_token = -torch.minimum(ratio * 0.7, ratio.clamp(0.8, 1.2) * 0.7)
+    w = b["loss_mask"].float() * torch.tensor(coefs)[:, None]
+    assert float(out.loss) == pytest.approx(float((per_token * w).sum() / w.sum()), rel=1e-5)
+    plain = collate(samples, adv, 4096, 0, "cpu")
+    assert torch.equal(plain["loss_weight"], plain["loss_mask"].float())
+    m = plain["loss_mask"].float()
+    base = grpo_loss(lp, old, plain["advantages"], plain["loss_weight"], clip_eps=0.2)
+    assert float(base.loss) == pytest.approx(float((per_token * m).sum() / m.sum()), rel=1e-5)
+
+
+def test_a_grpo_step_with_decision_groups(tmp_path, tiny_model_dir, env):
+    """A real GRPO step on kb_search with every group branching: its decision groups are built
+    from the rollouts, replayed without divergence, trained at their decision turns, and the
+    prefill with the engine's prefix cache is measured beside the prompt tokens."""
+    from acmrl.train.grpo import GRPOTrainer
+
+    cfg = GRPOConfig(output=str(tmp_path / "grpo"), log_with=[], save_rollouts=False)
+    cfg.model.name = str(tiny_model_dir)
+    cfg.env.name, cfg.env.options = "kb_search", {"preset": "tiny"}
+    cfg.arms = ["acm"]
+    cfg.agent.max_turns = 3
+    cfg.sampling.max_new_tokens = 8
+    cfg.group_size, cfg.tasks_per_step = 3, 2
+    cfg.lora.r = 4
+    cfg.skip_flat_groups = False
+    cfg.decisions.share, cfg.decisions.context_share = 1.0, 0.0
+    cfg.aggregation, cfg.segment_weight = "segment", "inverse"
+    trainer = GRPOTrainer(cfg)
+    try:
+        metrics = trainer.step(0)
+    finally:
+        trainer.close()
+    assert metrics["decision/groups"] == 2 and metrics["decision/diverged"] == 0
+    assert metrics["decision/members"] == 6  # each source and its two branches
+    assert len(trainer.branch_ids) == 4 and set(trainer.credit) >= trainer.branch_ids
+    assert metrics["rollout/episodes"] == 2  # the sources: branches are not whole episodes
+    assert metrics["decision/prefilled_tokens_per_group"] > 0
+    assert (
+        metrics["decision/prefilled_tokens_per_group"] < metrics["decision/prompt_tokens_per_group"]
+    )
+    assert metrics["train/target_tokens"] > 0
+
+
+def test_the_trainer_gives_each_segment_its_episodes_advantage_and_weight(source):
+    """GRPOTrainer.samples: every segment of an episode carries the episode's one advantage
+    (computed before the split), and under aggregation=segment, weight inverse, the episode's
+    segments weigh 1 in all."""
+    from types import SimpleNamespace
+
+    from acmrl.train.grpo import GRPOTrainer
+
+    ep, _ = source
+    cfg = GRPOConfig(aggregation="segment", segment_weight="inverse")
+    fake = SimpleNamespace(cfg=cfg, credit={})
+    samples, adv, coefs, flat = GRPOTrainer.samples(fake, [ep], [0.25])
+    assert flat == 0 and len(samples) >= 3 and adv == [0.25] * len(samples)
+    total = sum(c * sum(s.loss_mask[1:]) for c, s in zip(coefs, samples, strict=True))
+    assert total == pytest.approx(1.0)
+    fake.credit = {ep.id: (2, 2)}  # a decision group's member: its decision turn only
+    decided, _, _, _ = GRPOTrainer.samples(fake, [ep], [0.25])
+    assert sum(sum(s.loss_mask) for s in decided) < sum(sum(s.loss_mask) for s in samples)
