@@ -14,6 +14,7 @@ drop, i.e. the paired interval of trained - start reaches 0 or above).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,37 @@ def _num(x: float | None, fmt: str = ".3f") -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def versus_figures(
+    start: str | Path,
+    trained: str | Path,
+    weights: RewardWeights,
+    *,
+    output_weight: float = 1.0,
+) -> dict[str, dict[str, Any]]:
+    """Per arm both evaluated: the figures of ``start`` and ``trained`` (:func:`arm_figures`),
+    the paired bootstrap of Pass@1 (``pass``) and of the reward (``reward``) over the tasks
+    both evaluated, the exact McNemar test of the paired episodes (``exact``) and the relative
+    change of the Compaction Cost per success (``cost_change``; nan without a success)."""
+    a_all = _episodes(Path(start))
+    b_all = _episodes(Path(trained))
+    arms = [x for x in dict.fromkeys(t["arm"] for t in a_all) if any(t["arm"] == x for t in b_all)]
+    out = {}
+    for arm in arms:
+        a = [episode_figures(t, weights, output_weight) for t in a_all if t["arm"] == arm]
+        b = [episode_figures(t, weights, output_weight) for t in b_all if t["arm"] == arm]
+        fa, fb = arm_figures(a), arm_figures(b)
+        ca, cb = fa["cost_per_success"], fb["cost_per_success"]
+        out[arm] = {
+            "start": fa,
+            "trained": fb,
+            "pass": paired_bootstrap(per_task(a, "success"), per_task(b, "success")),
+            "reward": paired_bootstrap(per_task(a, "reward"), per_task(b, "reward")),
+            "exact": mcnemar(per_episode(a), per_episode(b)),
+            "cost_change": (cb - ca) / ca if ca == ca and cb == cb and ca > 0 else float("nan"),
+        }
+    return out
+
+
 def versus_start(
     start: str | Path,
     trained: str | Path,
@@ -84,9 +116,6 @@ def versus_start(
     cost_drop: float = 0.20,
 ) -> str:
     """Markdown: ``trained`` vs ``start`` per shared arm (module docstring)."""
-    a_all = _episodes(Path(start))
-    b_all = _episodes(Path(trained))
-    arms = [x for x in dict.fromkeys(t["arm"] for t in a_all) if any(t["arm"] == x for t in b_all)]
     lines = [
         f"# The trained policy vs the policy it started from (`{start}` -> `{trained}`)",
         "",
@@ -99,15 +128,9 @@ def versus_start(
         "|---|---|---|---|---|---|",
     ]
     verdicts = []
-    for arm in arms:
-        a = [episode_figures(t, weights, output_weight) for t in a_all if t["arm"] == arm]
-        b = [episode_figures(t, weights, output_weight) for t in b_all if t["arm"] == arm]
-        fa, fb = arm_figures(a), arm_figures(b)
-        p_pass = paired_bootstrap(per_task(a, "success"), per_task(b, "success"))
-        p_rew = paired_bootstrap(per_task(a, "reward"), per_task(b, "reward"))
-        exact = mcnemar(per_episode(a), per_episode(b))
-        ca, cb = fa["cost_per_success"], fb["cost_per_success"]
-        rel = (cb - ca) / ca if ca == ca and cb == cb and ca > 0 else float("nan")
+    for arm, v in versus_figures(start, trained, weights, output_weight=output_weight).items():
+        fa, fb, p_pass, p_rew, exact = v["start"], v["trained"], v["pass"], v["reward"], v["exact"]
+        ca, cb, rel = fa["cost_per_success"], fb["cost_per_success"], v["cost_change"]
         lines += [
             f"| {arm} | Pass@1 | {fa['pass@1']:.3f} | {fb['pass@1']:.3f} | "
             f"{fb['pass@1'] - fa['pass@1']:+.3f} | [{p_pass.low:+.3f}, {p_pass.high:+.3f}] "
@@ -140,6 +163,79 @@ def versus_start(
             f"{'met' if met else 'not met'}."
         )
     text = "\n".join([*lines, "", *verdicts]) + "\n"
+    if output is not None:
+        from acmrl.eval.run import _atomic_write
+
+        _atomic_write(Path(output), text)
+    return text
+
+
+def versus_seeds(
+    start: str | Path,
+    runs: list[tuple[str, str | Path]],
+    weights: RewardWeights,
+    arm: str,
+    output: str | Path | None = None,
+    *,
+    output_weight: float = 1.0,
+    notes: Sequence[str] = (),
+) -> str:
+    """Markdown: every run of several GRPO seeds (``runs``: a label and its eval folder) against
+    the one start they share, in ``arm``, one row each (never a best of them), then the mean and
+    the range over the seeds. ``notes`` are printed under the table (how each run's checkpoint
+    was chosen)."""
+    rows, lines = (
+        [],
+        [
+            f"# GRPO runs against their start (`{start}`), arm {arm}",
+            "",
+            "Every run is listed; paired 95% bootstrap intervals over the tasks both evaluated, exact "
+            "McNemar p of the paired episodes.",
+            "",
+            "| run | Pass@1 start | Pass@1 run | run - start [95% CI] | McNemar p | "
+            "CC/success start | CC/success run | change | compaction point start -> run |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ],
+    )
+    for label, folder in runs:
+        figures = versus_figures(start, folder, weights, output_weight=output_weight)
+        if arm not in figures:
+            raise ValueError(f"{folder} and {start} share no {arm} episodes")
+        v = figures[arm]
+        fa, fb, p = v["start"], v["trained"], v["pass"]
+        rows.append(v)
+        lines.append(
+            f"| {label} | {fa['pass@1']:.3f} | {fb['pass@1']:.3f} | "
+            f"{fb['pass@1'] - fa['pass@1']:+.3f} [{p.low:+.3f}, {p.high:+.3f}] | "
+            f"{v['exact'].p:.3g} | {fa['cost_per_success']:.0f} | {fb['cost_per_success']:.0f} | "
+            f"{v['cost_change']:+.0%} | {fa['compaction_point']:.3f} -> "
+            f"{fb['compaction_point']:.3f} |"
+        )
+
+    def spread(values: list[float], fmt: str) -> str:
+        real = [x for x in values if x == x]
+        if not real:
+            return "-"
+        mean = sum(real) / len(real)
+        return f"{mean:{fmt}} ({min(real):{fmt}} to {max(real):{fmt}})"
+
+    def col(key: str, side: str = "trained") -> list[float]:
+        return [r[side][key] for r in rows]
+
+    diffs = [r["trained"]["pass@1"] - r["start"]["pass@1"] for r in rows]
+    lines += [
+        "",
+        f"Over {len(rows)} runs, mean (range): Pass@1 {spread(col('pass@1'), '.3f')} against "
+        f"{rows[0]['start']['pass@1']:.3f} at the start; run - start "
+        f"{spread(diffs, '+.3f')}; Compaction Cost per success "
+        f"{spread(col('cost_per_success'), '.0f')} against "
+        f"{rows[0]['start']['cost_per_success']:.0f}, change "
+        f"{spread([r['cost_change'] for r in rows], '+.1%')}; mean compaction point "
+        f"{spread(col('compaction_point'), '.3f')} against "
+        f"{rows[0]['start']['compaction_point']:.3f}.",
+        *(["", *[f"- {n}" for n in notes]] if notes else []),
+    ]
+    text = "\n".join(lines) + "\n"
     if output is not None:
         from acmrl.eval.run import _atomic_write
 

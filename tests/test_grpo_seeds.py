@@ -1,0 +1,88 @@
+"""scripts/grpo_seeds.py: GRPO over seeds, each run's checkpoint chosen on dev worlds and
+compared with its start on test worlds, every run in one table."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from acmrl.config import EvalConfig, GRPOConfig, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("grpo_seeds", ROOT / "scripts" / "grpo_seeds.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run(out: Path, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(ROOT / "scripts" / "grpo_seeds.py"), str(out), *args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's acmrl, as the stages use
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+
+
+def test_runs_train_on_their_own_worlds_and_take_the_options(tmp_path, tiny_model_dir):
+    args = ["--start", str(tiny_model_dir), "--seeds", "0", "1", "--steps", "6"]
+    args += ["--save-every", "3", "--set", "decisions.share=0.5", "segment_weight=inverse"]
+    res = _run(tmp_path, *args, "--dry-run")
+    assert res.returncode == 0, res.stderr[-2000:]
+    cfgs = tmp_path / "configs"
+    worlds = {}
+    for seed in (0, 1):
+        grpo = load_config(GRPOConfig, cfgs / f"grpo-s{seed}.yaml", [])
+        assert grpo.seed == seed and grpo.optim.max_steps == 6 and grpo.save_every == 3
+        assert grpo.decisions.share == 0.5 and grpo.segment_weight == "inverse"
+        assert grpo.agent.on_overflow == "force_answer" and grpo.agent.max_context_tokens == 2048
+        worlds["train"] = set(grpo.env.options["seeds"])
+        for step in (3, 6):
+            ev = load_config(EvalConfig, cfgs / f"eval-dev-s{seed}-step{step}.yaml", [])
+            assert ev.model.name.endswith(f"grpo-s{seed}/checkpoints/step-{step:06d}/model")
+            worlds["dev"] = set(ev.env.options["seeds"])
+    worlds["test"] = set(
+        load_config(EvalConfig, cfgs / "eval-test-start.yaml").env.options["seeds"]
+    )
+    assert not worlds["train"] & (worlds["dev"] | worlds["test"])
+    assert not worlds["dev"] & worlds["test"]
+    # a rerun with other settings is refused once started (dry runs pin nothing)
+    assert not (tmp_path / "protocol.json").exists()
+    bad = _run(tmp_path, *args[:-2], "--set", "decisions.shar=1", "--dry-run")
+    assert bad.returncode != 0 and "decisions.shar" in bad.stderr
+    odd = _run(tmp_path, "--start", str(tiny_model_dir), "--steps", "5", "--save-every", "3")
+    assert odd.returncode != 0 and "multiple of --save-every" in odd.stderr
+
+
+def test_the_choice_is_dev_pass_then_cost_then_the_earliest():
+    choose = _script().choose
+    assert choose({0: (0.25, 900.0), 5: (0.5, 1200.0), 10: (0.5, 1000.0)}) == 10
+    assert choose({0: (0.5, 900.0), 5: (0.5, 950.0), 10: (0.25, 10.0)}) == 0
+    assert choose({0: (0.0, float("inf")), 5: (0.0, float("inf"))}) == 0
+
+
+@pytest.mark.slow
+def test_every_seed_is_trained_chosen_on_dev_and_listed(tmp_path, tiny_model_dir):
+    """The whole script on the tiny model: two seeds of 2 GRPO steps with decision groups, a
+    dev eval per checkpoint, the test evals, and one table listing both runs."""
+    args = ["--start", str(tiny_model_dir), "--seeds", "0", "1", "--steps", "2"]
+    args += ["--save-every", "1", "--dev-tasks", "1", "--test-tasks", "1", "--group", "2"]
+    args += ["--tasks", "1", "--max-new-tokens", "8", "--set", "decisions.share=1.0"]
+    args += ["skip_flat_groups=false", "lora.r=4", "lora.top_layers=null", "log_with=[]"]
+    res = _run(tmp_path, *args, timeout=1800)
+    assert res.returncode == 0, (res.stdout[-2000:], res.stderr[-3000:])
+    for seed in (0, 1):
+        choice = json.loads((tmp_path / f"choice-s{seed}.json").read_text())
+        assert set(choice["dev"]) == {"0", "1", "2"}
+        assert choice["step"] in (0, 1, 2)
+    table = (tmp_path / "grpo_seeds.md").read_text()
+    assert "| seed 0, step" in table and "| seed 1, step" in table
+    assert "Over 2 runs, mean (range)" in table
+    assert "seed 1: step" in table  # how each was chosen
+    assert json.loads((tmp_path / "protocol.json").read_text())["steps"] == 2
