@@ -838,8 +838,8 @@ class DecisionConfig:
     )
     context_share: float = option(
         0.7,
-        "a policy turn is a decision state when it calls its arm's own tool (manage_context, "
-        "query_memory, evolve) or its input is above this share of the budget",
+        "a policy turn is a decision state when it compacts (a manage_context or evolve call) "
+        "or its input is above this share of the budget",
         min=0.0,
         max=1.0,
     )

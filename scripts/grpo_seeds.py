@@ -25,7 +25,8 @@ with its paired interval and McNemar p, Compaction Cost per success and its chan
 compaction point; then their mean and range over the seeds. Evals use ``force_answer`` and the
 chain budget, as the Table 2 protocol; ``--agent`` and ``--max-new-tokens`` set the agent and
 the turn length in the runs and every eval alike. Every stage resumes (GRPO with
-``--auto-resume``, each eval from its episodes); the settings are pinned in OUT/protocol.json.
+``--auto-resume``, each eval from its episodes); the settings, the seeds among them, are pinned
+in OUT/protocol.json, and ``--set`` refuses the options the protocol sets itself.
 """
 
 from __future__ import annotations
@@ -129,8 +130,21 @@ def configs(
     return stages
 
 
+# what the protocol sets per run, or through its own flags: a --set of these would change
+# every run's seed, folder, length, tasks or start behind the table's back
+FIXED = ("seed", "output", "model", "env", "agent", "arms", "save_every", "optim.max_steps")
+
+
 def with_options(grpo: GRPOConfig, sets: list[str]) -> GRPOConfig:
-    """``grpo`` with the ``--set`` options applied, each checked as the CLI checks it."""
+    """``grpo`` with the ``--set`` options applied, each checked as the CLI checks it; the
+    options the protocol sets itself are refused."""
+    for item in sets:
+        key = item.split("=", 1)[0].strip()
+        if any(key == f or key.startswith(f + ".") for f in FIXED):
+            raise SystemExit(
+                f"--set {key}: set by the protocol (per seed, or by --start, --steps, "
+                "--save-every, --arm, --agent, --max-new-tokens)"
+            )
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "grpo.yaml"
         path.write_text(_yaml(grpo))
@@ -144,7 +158,7 @@ def test_eval(stages: dict[str, object], seed: int, step: int, out: Path) -> obj
     """The test eval of seed ``seed``'s checkpoint ``step``: its dev eval on the test worlds."""
     dev = stages[f"eval-dev-s{seed}-step{step}"]
     start = stages["eval-test-start"]
-    name = f"eval-test-s{seed}"
+    name = f"eval-test-s{seed}-step{step}"  # a resumed eval never mixes two checkpoints
     return dataclasses.replace(dev, env=start.env, output=str(out / name))  # type: ignore[arg-type]
 
 
@@ -186,6 +200,8 @@ def main() -> None:
     if args.steps % args.save_every:
         raise SystemExit("--steps must be a multiple of --save-every (the last step is a choice)")
     settings = {
+        # the seeds too: a rerun with fewer would write a table without some runs
+        "seeds": args.seeds,
         "start": str(Path(args.start).resolve()),
         "steps": args.steps,
         "save_every": args.save_every,
@@ -198,7 +214,7 @@ def main() -> None:
         "agent": parse_agent(args.agent),
         "max_new_tokens": args.max_new_tokens,
     }
-    stages = configs(args.out, seeds=args.seeds, **settings)  # type: ignore[arg-type]
+    stages = configs(args.out, **settings)  # type: ignore[arg-type]
     cfg_dir = args.out / "configs"
     cfg_dir.mkdir(parents=True, exist_ok=True)
     for name, cfg in stages.items():
@@ -228,10 +244,10 @@ def main() -> None:
             folder = args.out / "eval-test-start"
         else:
             test = test_eval(stages, seed, step, args.out)
-            path = cfg_dir / f"eval-test-s{seed}.yaml"
+            path = cfg_dir / f"eval-test-s{seed}-step{step}.yaml"
             path.write_text(_yaml(test))
             acmrl("eval", "--config", str(path))
-            folder = args.out / f"eval-test-s{seed}"
+            folder = args.out / f"eval-test-s{seed}-step{step}"
         runs.append((f"seed {seed}, step {step}", folder))
         dev = ", ".join(f"{s}: {p:.3f}" for s, (p, _) in scores.items())
         notes.append(

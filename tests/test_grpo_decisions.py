@@ -134,13 +134,48 @@ def test_branches_replay_the_source_and_are_credited_at_the_decision(env, source
     assert targets(ep.traj, decision) == turn2
     later = sum(len(t.call.completion_ids) for t in src_turns[3:])
     assert targets(ep.traj, rest) == turn2 + later
+    # a branch under continuation credit: its turns from the decision on and its own summary,
+    # nothing of the replayed turns
+    b2_turns = policy_turns(b2)
+    b2_summary = [c for s in b2.steps for c in s.helper_calls if c.role == "summariser"]
+    own = sum(len(t.call.completion_ids) for t in b2_turns[2:]) + len(b2_summary[0].completion_ids)
+    assert targets(b2, rest) == own
     # a branch checked against another source is refused: it is not a sample of that state
     other = acm_episode(env, env.tasks("eval")[1], "x#acm#0", tok)
     run_episodes([other], ScriptedEngine(tok, replay({other.id: texts})), helper_engine=tiny_engine)
     assert not mark_branch(b1, other.traj, d)
-    figures = prefill_figures([b1, b2], 0, 1)
-    assert figures["decision/prompt_tokens_per_group"] > 0
-    assert figures["decision/prefill_share"] == 0.0
+    # without an engine's own count, what each session reused of its own: a branch's first live
+    # call reuses what its replayed turns read, as the source's did
+    figures = prefill_figures([(b1, 2), (b2, 2)], None, 1)
+    assert 0.0 < figures["decision/prefill_share"] < 1.0  # the scripted engine reuses nothing
+    assert b1_turns[2].call.cached_prefix_tokens > 0  # besides what the replay read
+
+
+def test_a_branch_that_replays_to_the_end_costs_what_its_source_did(env, tiny_engine):
+    """Two compactions before the decision (their summaries the tiny model's, the second
+    reusing the first's cached prefix): a branch that goes on exactly as the source did gets
+    the same reward terms, so nothing but its own choices sets it apart in its group."""
+    from acmrl.rewards import RewardWeights, trajectory_reward
+
+    tok = tiny_engine.tokenizer
+    task = env.tasks("eval")[0]
+    plan = env.oracle_plan(task)
+    compact = format_tool_call("manage_context", {})
+    texts = [*calls(plan[:2]), compact, *calls(plan[2:3]), compact, *calls(plan[3:])]
+    src = acm_episode(env, task, "s1/0/t#acm#0", tok)
+    run_episodes([src], ScriptedEngine(tok, replay({src.id: texts})), helper_engine=tiny_engine)
+    summaries = [c for s in src.traj.steps for c in s.helper_calls]
+    assert len(summaries) == 2 and summaries[1].cached_prefix_tokens > 0
+    d = Decision(5, "context", 0.5)  # after both compactions
+    eid = branch_id(src.id, 1)
+    same = ScriptedEngine(tok, replay({eid: texts[5:]}))
+    branch = acm_episode(env, task, eid, tok)
+    run_with_replays([branch], branch_scripts(src.traj, d, eid, tok), same, tok, concurrency=1)
+    assert mark_branch(branch.traj, src.traj, d)
+    w = RewardWeights()
+    a = trajectory_reward(src.traj.to_dict(), src.budget, w)
+    b = trajectory_reward(branch.traj.to_dict(), branch.budget, w)
+    assert a == b and src.traj.metrics["compaction_cost"] > 0
 
 
 def test_a_turn_cut_at_the_token_limit_replays_as_cut(env, tiny_engine):
@@ -185,27 +220,54 @@ def test_branching_groups_take_the_configured_share():
     assert chosen == branching_groups(cfg, 4, 0)
     cfg.decisions.share = 1.0
     assert len(branching_groups(cfg, 4, 3)) == 8
+    # one group a step at share 0.5 (rounded, it would be all or none): half the steps
+    one = GRPOConfig(arms=["acm"])
+    one.decisions.share = 0.5
+    drawn = sum(len(branching_groups(one, 1, step)) for step in range(200))
+    assert 80 < drawn < 120
 
 
-def test_an_episodes_weight_follows_the_segment_rule(source):
-    """An episode split into more segments (more compactions) weighs the same under
-    aggregation=segment with weight inverse; with weight one it weighs by its segments, and
-    under token aggregation by its target tokens (however packing split them)."""
+def test_an_episodes_weight_follows_the_segment_rule(env, source, tiny_engine):
+    """Two real episodes through GRPOTrainer.samples, one compacting (three segments: before the
+    compaction, after it, and the summary) and one not (one segment): under aggregation=segment
+    with weight inverse each weighs 1; with weight one each weighs by its segments; under token
+    aggregation each weighs by its target tokens. Every segment carries its episode's one
+    advantage, computed before the split."""
+    from types import SimpleNamespace
+
+    from acmrl.train.grpo import GRPOTrainer
+
     ep, _ = source
-    many = trajectory_samples(ep.traj, helpers=True)
-    one = trajectory_samples(ep.traj, helpers=False, pack=True)[:1]
-    assert len(many) >= 3  # before the compaction, after it, and the summary
-    for samples in (many, one):
-        targets = [sum(s.loss_mask[1:]) for s in samples]
-
-        def weight(aggregation: str, rule: str, targets=targets) -> float:
-            coefs = segment_coefficients(targets, aggregation, rule)
-            return sum(c * n for c, n in zip(coefs, targets, strict=True))
-
-        assert weight("segment", "inverse") == pytest.approx(1.0)
-        assert weight("segment", "one") == pytest.approx(len(samples))
-        assert weight("token", "one") == sum(targets)
-        assert weight("token", "inverse") == pytest.approx(sum(targets) / len(samples))
+    task = env.tasks("eval")[0]
+    plain = Episode(
+        "s1/0/t#react#0",
+        env,
+        task,
+        "react",
+        tiny_engine.tokenizer,
+        agent=AgentConfig(max_context_tokens=4096),
+        sampling=SamplingConfig(max_new_tokens=200),
+    )
+    play = ScriptedEngine(tiny_engine.tokenizer, replay({plain.id: calls(env.oracle_plan(task))}))
+    run_episodes([plain], play)
+    weights = {}
+    for aggregation, rule in (("segment", "inverse"), ("segment", "one"), ("token", "one")):
+        cfg = GRPOConfig(aggregation=aggregation, segment_weight=rule)
+        fake = SimpleNamespace(cfg=cfg, credit={}, branch_ids=set())
+        samples, adv, coefs, _ = GRPOTrainer.samples(fake, [ep, plain], [0.25, -0.25])
+        by_episode: dict[str, float] = {}
+        for s, a, c in zip(samples, adv, coefs, strict=True):
+            assert a == (0.25 if s.episode_id == ep.id else -0.25)
+            by_episode[s.episode_id] = by_episode.get(s.episode_id, 0) + c * sum(s.loss_mask[1:])
+        segments = {e: sum(s.episode_id == e for s in samples) for e in by_episode}
+        assert segments == {ep.id: 3, plain.id: 1}
+        weights[aggregation, rule] = by_episode
+    assert weights["segment", "inverse"] == pytest.approx({ep.id: 1.0, plain.id: 1.0})
+    assert weights["segment", "one"] == pytest.approx({ep.id: 3.0, plain.id: 1.0})
+    tokens = weights["token", "one"]
+    assert tokens[ep.id] == sum(
+        len(c.completion_ids) for s in ep.traj.steps for c in [s.call, *s.helper_calls] if c
+    )
 
 
 def test_the_loss_is_the_weighted_token_mean(source, tiny_engine):
@@ -224,6 +286,22 @@ def test_the_loss_is_the_weighted_token_mean(source, tiny_engine):
     per_token = -torch.minimum(ratio * 0.7, ratio.clamp(0.8, 1.2) * 0.7)
     w = b["loss_mask"].float() * torch.tensor(coefs)[:, None]
     assert float(out.loss) == pytest.approx(float((per_token * w).sum() / w.sum()), rel=1e-5)
+    # split into micro-batches, each weighted by its share of the step's weights (as
+    # GRPOTrainer.update does), the loss is the same
+    halves = [collate(samples[:1], adv[:1], 4096, 0, "cpu", coefs[:1])]
+    halves.append(collate(samples[1:], adv[1:], 4096, 0, "cpu", coefs[1:]))
+    total = sum(float(h["loss_weight"].sum()) for h in halves)
+    split = 0.0
+    for h in halves:
+        torch.manual_seed(0)
+        h_lp = -torch.rand(h["loss_mask"].shape)
+        h_old = h_lp - 0.05 * torch.randn(h_lp.shape)
+        out_h = grpo_loss(h_lp, h_old, h["advantages"], h["loss_weight"], clip_eps=0.2)
+        split += float(out_h.loss) * float(h["loss_weight"].sum()) / total
+        h_ratio = torch.exp(h_lp - h_old)
+        h_tok = -torch.minimum(h_ratio * 0.7, h_ratio.clamp(0.8, 1.2) * 0.7)
+        h["expected"] = (h_tok * h["loss_weight"]).sum()
+    assert split == pytest.approx(float(sum(h["expected"] for h in halves)) / total, rel=1e-5)
     plain = collate(samples, adv, 4096, 0, "cpu")
     assert torch.equal(plain["loss_weight"], plain["loss_mask"].float())
     m = plain["loss_mask"].float()
@@ -256,6 +334,7 @@ def test_a_grpo_step_with_decision_groups(tmp_path, tiny_model_dir, env):
     assert metrics["decision/groups"] == 2 and metrics["decision/diverged"] == 0
     assert metrics["decision/members"] == 6  # each source and its two branches
     assert len(trainer.branch_ids) == 4 and set(trainer.credit) >= trainer.branch_ids
+    assert metrics["rollout/flat_episodes"] <= metrics["rollout/episodes"]
     assert metrics["rollout/episodes"] == 2  # the sources: branches are not whole episodes
     assert metrics["decision/prefilled_tokens_per_group"] > 0
     assert (
@@ -274,7 +353,7 @@ def test_the_trainer_gives_each_segment_its_episodes_advantage_and_weight(source
 
     ep, _ = source
     cfg = GRPOConfig(aggregation="segment", segment_weight="inverse")
-    fake = SimpleNamespace(cfg=cfg, credit={})
+    fake = SimpleNamespace(cfg=cfg, credit={}, branch_ids=set())
     samples, adv, coefs, flat = GRPOTrainer.samples(fake, [ep], [0.25])
     assert flat == 0 and len(samples) >= 3 and adv == [0.25] * len(samples)
     total = sum(c * sum(s.loss_mask[1:]) for c, s in zip(coefs, samples, strict=True))

@@ -58,6 +58,9 @@ def test_runs_train_on_their_own_worlds_and_take_the_options(tmp_path, tiny_mode
     assert bad.returncode != 0 and "decisions.shar" in bad.stderr
     odd = _run(tmp_path, "--start", str(tiny_model_dir), "--steps", "5", "--save-every", "3")
     assert odd.returncode != 0 and "multiple of --save-every" in odd.stderr
+    for key in ("seed=3", "optim.max_steps=50", "env.split=eval", "agent.max_turns=5"):
+        fixed = _run(tmp_path, *args[:-2], "--set", key, "--dry-run")
+        assert fixed.returncode != 0 and "set by the protocol" in fixed.stderr, key
 
 
 def test_the_choice_is_dev_pass_then_cost_then_the_earliest():
@@ -85,4 +88,8 @@ def test_every_seed_is_trained_chosen_on_dev_and_listed(tmp_path, tiny_model_dir
     assert "| seed 0, step" in table and "| seed 1, step" in table
     assert "Over 2 runs, mean (range)" in table
     assert "seed 1: step" in table  # how each was chosen
-    assert json.loads((tmp_path / "protocol.json").read_text())["steps"] == 2
+    assert json.loads((tmp_path / "protocol.json").read_text())["seeds"] == [0, 1]
+    # a rerun with other seeds (a table without some runs) or settings is refused
+    for other in (["--seeds", "1"], ["--steps", "4"]):
+        again = _run(tmp_path, *args, *other)
+        assert again.returncode != 0 and "started with other settings" in again.stderr, other

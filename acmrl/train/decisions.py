@@ -5,10 +5,10 @@ A whole-episode group is G episodes of one task; the advantage of each is spread
 turns, and the one turn that decides whether to compact gets the credit of every other. A
 decision group starts the same way, from one episode (the *source*), then:
 
-1. **States.** The source's decision states are its policy turns that call the arm's own tool
-   (``manage_context``, ``query_memory``, ``evolve``) or whose input is above
-   ``decisions.context_share`` of the budget (where compacting was an option). One is drawn,
-   seeded by the run's seed and the episode id.
+1. **States.** The source's decision states are its policy turns that compact (a
+   ``manage_context`` or ``evolve`` call) or whose input is above ``decisions.context_share`` of
+   the budget (where compacting was an option). One is drawn, seeded by the run's seed and the
+   episode id.
 2. **Branches.** G - 1 branches replay the source up to that turn (its turns and the summariser
    or querier replies they triggered are played back through the real environment and context
    tools, as a teacher's splice does: :func:`acmrl.rollout.replay.replayed_turns`), then the
@@ -19,7 +19,7 @@ decision group starts the same way, from one episode (the *source*), then:
    the decision on. Turns before it are the same in every member: context, never targets.
 
 A source without a decision state gets G - 1 more whole episodes instead (a whole-episode group),
-in the same rollout phase as the branches. The engine's prefix cache makes branches cheap: every
+run after the branches (so the branches' prefill is measured alone). The engine's prefix cache makes branches cheap: every
 branch of a group starts from the same input, which the ``hf`` engine reads once and lends to
 the others (``share_prefix``); :func:`prefill_figures` counts what was read with and without it.
 """
@@ -31,7 +31,6 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from acmrl.arms import get_arm
 from acmrl.engines.base import Engine
 from acmrl.rollout.agent import Episode
 from acmrl.rollout.records import Trajectory
@@ -44,7 +43,7 @@ class Decision:
     """A decision state of an episode: before its policy turn ``turn`` (0-based)."""
 
     turn: int
-    reason: str  # "tool": the policy called its arm's own tool there; "context": input above
+    reason: str  # "tool": the policy compacted there; "context": its input was above the share
     share: float  # the turn's input tokens / the budget
 
 
@@ -53,15 +52,16 @@ def policy_turns(traj: Trajectory) -> list[Any]:
     return [s for s in traj.steps if s.call is not None and s.call.role == "policy"]
 
 
-def decision_states(
-    traj: Trajectory, budget: int, context_share: float, agent: Any = None
-) -> list[Decision]:
+#: the tools with which a policy compacts its own context
+COMPACTION_TOOLS = ("manage_context", "evolve")
+
+
+def decision_states(traj: Trajectory, budget: int, context_share: float) -> list[Decision]:
     """The turns of ``traj`` at which the policy chose whether to compact (module docstring)."""
-    own = {t["function"]["name"] for t in get_arm(traj.arm).tool_schemas(agent)}
     out = []
     for n, step in enumerate(policy_turns(traj)):
         share = len(step.call.prompt_ids) / max(1, budget)
-        if any(a.get("name") in own for a in step.actions):
+        if any(a.get("name") in COMPACTION_TOOLS for a in step.actions):
             out.append(Decision(n, "tool", share))
         elif share >= context_share:
             out.append(Decision(n, "context", share))
@@ -73,7 +73,8 @@ def pick_decision(states: list[Decision], seed: int, episode_id: str) -> Decisio
     or repeated run draws the same); None when there is none."""
     if not states:
         return None
-    return random.Random(seed * 1_000_003 + zlib.crc32(episode_id.encode())).choice(states)
+    salt = zlib.crc32(b"decision")  # not the episode's own sampling seed
+    return random.Random(seed * 1_000_003 + zlib.crc32(episode_id.encode()) + salt).choice(states)
 
 
 def branch_id(source_id: str, r: int) -> str:
@@ -138,29 +139,38 @@ def turns_credited(decision: Decision, credit: str) -> tuple[int, int | None]:
     return (decision.turn, decision.turn if credit == "decision" else None)
 
 
+def live_calls(traj: Trajectory, start: int) -> list[Any]:
+    """The model calls of ``traj`` from its policy turn ``start`` on (that turn's helper calls
+    included, the harness's before it not): what a branch really generated and read."""
+    calls, n = [], 0
+    for step in traj.steps:
+        policy = step.call is not None and step.call.role == "policy"
+        if policy and n >= start:
+            calls.append(step.call)
+        n += policy
+        if n > start:
+            calls += step.helper_calls
+    return calls
+
+
 def prefill_figures(
-    branches: list[Trajectory], prefilled: int | None, n_groups: int
+    branches: list[tuple[Trajectory, int]], prefilled: int | None, n_groups: int
 ) -> dict[str, float]:
     """Per decision group, the prompt tokens the branches' live calls read without any prefix
-    cache (every prompt in full) and, where the engine counts it, the tokens it computed."""
-    prompt = 0
-    for t in branches:
-        start = int((t.edit or {}).get("step", 0))
-        for n, step in enumerate(policy_turns(t)):
-            if n >= start:
-                prompt += len(step.call.prompt_ids)
-        k = 0
-        for step in t.steps:  # helper calls from the decision turn on
-            if step.call is not None and step.call.role == "policy":
-                k += 1
-            if k > start:
-                prompt += sum(len(c.prompt_ids) for c in step.helper_calls)
+    cache (every prompt in full) and the tokens the engine computed: its own count where it
+    keeps one (the ``hf`` engine's, own and borrowed prefixes both saved), else the prompts less
+    what each session reused of its own. ``branches``: every branch run (diverged ones too, as
+    the engine worked for them) with its decision turn."""
+    calls = [c for traj, start in branches for c in live_calls(traj, start)]
+    prompt = sum(len(c.prompt_ids) for c in calls)
+    if prefilled is None:
+        prefilled = sum(len(c.prompt_ids) - c.cached_prefix_tokens for c in calls)
     g = max(1, n_groups)
-    out = {"decision/prompt_tokens_per_group": prompt / g}
-    if prefilled is not None:
-        out["decision/prefilled_tokens_per_group"] = prefilled / g
-        out["decision/prefill_share"] = prefilled / max(1, prompt)
-    return out
+    return {
+        "decision/prompt_tokens_per_group": prompt / g,
+        "decision/prefilled_tokens_per_group": prefilled / g,
+        "decision/prefill_share": prefilled / max(1, prompt),
+    }
 
 
 __all__ = [
@@ -168,6 +178,7 @@ __all__ = [
     "branch_id",
     "branch_scripts",
     "decision_states",
+    "live_calls",
     "mark_branch",
     "pick_decision",
     "prefill_figures",

@@ -19,7 +19,7 @@ The algorithm, per step ``s`` (one optimiser step per ``updates_per_step``):
    recomputed by the trainer as always.
    With ``decisions.share`` > 0, that share of the groups are *decision groups*
    (:mod:`acmrl.train.decisions`): one episode, then G - 1 branches that replay it up to one of
-   its decision states (a call of the arm's own tool, or an input above
+   its decision states (a compaction call, manage_context or evolve, or an input above
    ``decisions.context_share`` of the budget) and sample from there on, in a second phase.
 3. **Rewards.** :func:`acmrl.rewards.trajectory_reward`: success minus the weighted Compaction
    Cost (summariser and querier tokens included, in units of the budget), malformed-call and
@@ -116,6 +116,7 @@ from acmrl.train.decisions import (
     branch_id,
     branch_scripts,
     decision_states,
+    live_calls,
     mark_branch,
     pick_decision,
     prefill_figures,
@@ -266,6 +267,7 @@ class GRPOTrainer:
         # branches' ids and the figures logged
         self.credit: dict[str, tuple[int, int | None]] = {}
         self.branch_ids: set[str] = set()
+        self.live_from: dict[str, int] = {}  # a branch's decision turn: where its calls are live
         self.decision_metrics: dict[str, float] = {}
         self.log = (
             JsonlLog(self.out / f"rollouts-rank{self.acc.process_index}.jsonl", "episode_id")
@@ -357,12 +359,17 @@ class GRPOTrainer:
         """The step's episodes: whole-episode groups, and the decision groups' sources and
         branches (:mod:`acmrl.train.decisions`), which run in a second phase."""
         cfg = self.cfg
-        tasks = step_tasks(self.tasks, step, cfg)[self.acc.process_index :: self.acc.num_processes]
-        sources = branching_groups(cfg, len(tasks), step)
+        rank, world = self.acc.process_index, self.acc.num_processes
+        every = step_tasks(self.tasks, step, cfg)
+        tasks = every[rank::world]
+        # drawn over the whole step; this process's task j is the step's task rank + j x world
+        sources = {
+            (k // world, arm)
+            for k, arm in branching_groups(cfg, len(every), step)
+            if k % world == rank
+        }
         episodes = step_episodes(cfg, self.env, tasks, step, self.tok, sources)
-        self.credit = {}
-        self.branch_ids = set()
-        self.decision_metrics = {}
+        self.credit, self.branch_ids, self.live_from, self.decision_metrics = {}, set(), {}, {}
         self.model.eval()
         t0 = time.perf_counter()
         run_episodes(episodes, self.engine, concurrency=cfg.concurrency)
@@ -378,13 +385,14 @@ class GRPOTrainer:
         return episodes, time.perf_counter() - t0
 
     def _branch(self, sources: list[Episode]) -> list[Episode]:
-        """Second phase: G - 1 branches from a decision state of each source, or G - 1 more
-        whole episodes where the source has none; returns the episodes kept."""
+        """Second phase: G - 1 branches from a decision state of each source, then G - 1 more
+        whole episodes for each source without one; returns the episodes kept."""
         cfg, dc = self.cfg, self.cfg.decisions
-        jobs, scripts, whole = {}, {}, []
+        jobs, scripts, whole, picked = {}, {}, [], []
         for src in sources:
-            states = decision_states(src.traj, src.budget, dc.context_share, cfg.agent)
-            d = pick_decision(states, cfg.seed, src.id)
+            d = pick_decision(
+                decision_states(src.traj, src.budget, dc.context_share), cfg.seed, src.id
+            )
             for r in range(1, cfg.group_size):
                 # without a decision state the group is a whole-episode one
                 eid = branch_id(src.id, r) if d else src.id.rsplit("#", 1)[0] + f"#{r}"
@@ -405,33 +413,35 @@ class GRPOTrainer:
                     scripts |= branch_scripts(src.traj, d, eid, self.tok)
             if d is not None:
                 self.credit[src.id] = turns_credited(d, dc.credit)
+                picked.append(d)
         before = getattr(self.engine, "prefilled_tokens", None)
         branches = [ep for ep, _, _ in jobs.values()]
         if branches:
             run_with_replays(branches, scripts, self.engine, self.tok, concurrency=cfg.concurrency)
         after = getattr(self.engine, "prefilled_tokens", None)
-        if whole:
+        if whole:  # after the branches, so that the engine's count above is theirs alone
             run_episodes(whole, self.engine, concurrency=cfg.concurrency)
         kept, diverged = [], 0
         for ep, src, d in jobs.values():
+            self.live_from[ep.id] = d.turn
             if mark_branch(ep.traj, src.traj, d):
                 self.credit[ep.id] = turns_credited(d, dc.credit)
                 self.branch_ids.add(ep.id)
                 kept.append(ep)
             else:
                 diverged += 1
-        n_groups = len({group_key(e.id) for e in kept})
-        reasons = [ep.traj.edit["reason"] for ep in kept if ep.id.endswith("#b1")]
+        n = len(picked)
         self.decision_metrics = {
-            "decision/groups": float(n_groups),
-            "decision/without_state": float(len(whole) // max(1, cfg.group_size - 1)),
+            "decision/groups": float(n),
+            "decision/without_state": float(len(sources) - n),
             "decision/diverged": float(diverged),
-            "decision/at_tool_call": sum(r == "tool" for r in reasons) / max(1, len(reasons)),
-            "decision/point": sum(ep.traj.edit["share"] for ep in kept) / max(1, len(kept)),
+            # of this process's drawn states: those at a compaction call, and where they lie
+            "decision/at_compaction": sum(d.reason == "tool" for d in picked) / max(1, n),
+            "decision/point": sum(d.share for d in picked) / max(1, n),
             **prefill_figures(
-                [e.traj for e in kept],
+                [(ep.traj, d.turn) for ep, _, d in jobs.values()],
                 None if before is None or after is None else after - before,
-                n_groups,
+                n,
             ),
         }
         return kept + whole
@@ -473,7 +483,7 @@ class GRPOTrainer:
         samples, sample_adv, coefs, flat = [], [], [], 0
         for ep, a in zip(episodes, adv, strict=True):
             if a == 0.0 and cfg.skip_flat_groups and cfg.kl_coef == 0:
-                flat += 1
+                flat += ep.id not in self.branch_ids  # whole episodes, as rollout/episodes
                 continue
             own = [
                 s
@@ -627,11 +637,11 @@ class GRPOTrainer:
                 self.sched.step()
             metrics = {"train/loss": 0.0, "train/target_tokens": 0.0, "train/tokens": 0.0}
         train_s = time.perf_counter() - t0
+        # what the engine generated: a branch's replayed turns were played back, not generated
         gen_tokens = sum(
             len(c.completion_ids)
             for ep in episodes
-            for s in ep.traj.steps
-            for c in ([s.call] if s.call else []) + list(s.helper_calls)
+            for c in live_calls(ep.traj, self.live_from.get(ep.id, -1))
         )
         self.engine.wake_up()
         if self.sampler is not None and n_any:  # the next rollouts sample the update
@@ -673,10 +683,17 @@ class GRPOTrainer:
         mine = self.decision_metrics
         credit = self.credit
         members = [a for e, a in zip(episodes, adv, strict=True) if e.id in credit]
-        out = {k: v for k, v in mine.items()}
+        out = dict(mine)
         out["decision/members"] = float(len(members))
         out["decision/nonflat_members"] = float(sum(a != 0.0 for a in members))
-        for key in ("decision/groups", "decision/without_state", "decision/diverged"):
+        # counts are summed over the processes; shares and per-group figures are this process's
+        for key in (
+            "decision/groups",
+            "decision/without_state",
+            "decision/diverged",
+            "decision/members",
+            "decision/nonflat_members",
+        ):
             out[key] = self._sum(out.get(key, 0.0))
         return out
 

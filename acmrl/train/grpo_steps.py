@@ -34,12 +34,16 @@ def step_tasks(tasks: list[Task], step: int, cfg: GRPOConfig) -> list[Task]:
 
 
 def branching_groups(cfg: GRPOConfig, n_tasks: int, step: int) -> set[tuple[int, str]]:
-    """The groups (task index, arm) of step ``step`` that branch at a decision
-    (:mod:`acmrl.train.decisions`): ``decisions.share`` of them, rounded, drawn with a seed of
-    the run's seed and the step."""
+    """The groups (task index in the step, arm) of step ``step`` that branch at a decision
+    (:mod:`acmrl.train.decisions`), drawn over the whole step (before its tasks are split
+    between processes) with a seed of the run's seed and the step: ``decisions.share`` of them,
+    the fraction of a group drawn as a coin, so the share holds on average even where a step has
+    one group."""
     groups = [(k, arm) for k in range(n_tasks) for arm in cfg.arms]
-    n = round(cfg.decisions.share * len(groups))
-    return set(random.Random(cfg.seed * 1_000_003 + 7919 * step).sample(groups, n))
+    rng = random.Random(cfg.seed * 1_000_003 + 7919 * step)
+    whole, part = divmod(cfg.decisions.share * len(groups), 1.0)
+    n = min(len(groups), int(whole) + (rng.random() < part))
+    return set(rng.sample(groups, n))
 
 
 def step_episodes(

@@ -120,7 +120,7 @@ def trajectory_samples(
     edit = traj.edit or {}
     demo = edit.get("kind") == "demonstration"
     edit_step = int(edit["step"]) if edit.get("kind") in (*EDITS, "branch") else -1
-    first, last = turns or (0, None)
+    first, last = turns or (-1, None)
 
     def context(turn: int) -> bool:  # a turn whose tokens are context, not targets
         return turn < max(edit_step, first) or (last is not None and turn > last)
