@@ -1,7 +1,8 @@
 """Task suites behind one small protocol (see :mod:`acmrl.envs.base`).
 
 ``load(name, **options)`` builds an environment: a built-in name (``kb_search``, ``code_nav``,
-``corpus_qa``, and ``mixture``, several of them as one) or a dotted path ``package.module:Class``
+``corpus_qa``, ``mixture``, several of them as one, and ``mcp``, the tools of an MCP server) or
+a dotted path ``package.module:Class``
 to your own :class:`Environment` subclass.
 
 >>> env = load("kb_search", preset="tiny", seed=0)
@@ -26,6 +27,7 @@ BUILTINS = {
     "code_nav": "acmrl.envs.code_nav:CodeNav",
     "corpus_qa": "acmrl.envs.corpus_qa:CorpusQA",
     "mixture": "acmrl.envs.mixture:Mixture",
+    "mcp": "acmrl.envs.mcp:MCPEnv",
 }
 
 __all__ = ["BUILTINS", "EnvError", "Environment", "Plan", "Session", "Task", "ToolError", "load"]

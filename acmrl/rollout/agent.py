@@ -148,6 +148,8 @@ class Episode:
         t.metrics["forced_compactions"] = sum(
             e.detail.startswith("forced") for s in t.steps for e in s.events
         )
+        # what went wrong outside the policy's control (an MCP server restarted mid-episode)
+        t.metrics["env_incidents"] = len(getattr(self.session, "incidents", ()))
         if self.archive is not None:
             self.archive.close()
 

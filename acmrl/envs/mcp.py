@@ -1,0 +1,391 @@
+"""``env.name=mcp``: the tools of a Model Context Protocol server as an acmrl environment.
+
+    env:
+      name: mcp
+      options:
+        command: [python, my_server.py]   # a stdio server, started as a subprocess; or
+        url: http://localhost:8000/mcp    # a server on the streamable HTTP transport
+        tasks: tasks.jsonl                # the task set (below)
+        metric: em                        # em | f1 | contains | ... or judge (env.judge)
+        timeout_s: 30                     # per tool call
+
+The server's tools become the agent's tools, with the schemas it lists (the session adds
+``answer``). Tasks come from a JSONL file, one object per line:
+
+    {"id": "q1", "prompt": "...", "answer": "..." or [...], "split": "eval",
+     "aliases": {"...": ["..."]}, "answer_set": false, "evidence": ["a sentence", ...]}
+
+``prompt`` and ``answer`` are required; ``id`` defaults to the line number, ``split`` to
+``eval``. ``evidence`` (optional) lists sentences an agent must see to answer: the LLM teacher
+gets them as the reference it reviews a run against, and the summaries are scored on keeping
+them.
+
+A tool call the server answers with an error, and one that takes longer than ``timeout_s``,
+become ``Error:`` observations. A server that dies is restarted, the call is tried once more,
+and the episode is marked (its trajectory's ``env_incidents`` metric counts the restarts); a
+server that cannot be restarted gives an ``Error:`` observation: a run never crashes on it.
+
+There is no expert plan: ``oracle_plan`` raises, so the scripted teacher, demonstrations and
+the scripted ceilings of ``acmrl audit`` need another environment; the LLM teacher
+(``teacher.kind=llm``) reviews runs against the answer and the evidence.
+
+The MCP client is asynchronous; :class:`MCPConnection` keeps one open in an event loop on its
+own thread and hands calls to it, so the synchronous rollout loop can use it. Needs the ``mcp``
+package (``pip install 'acmrl[mcp]'``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import json
+import shlex
+import threading
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
+from typing import Any
+
+from acmrl.envs.base import EnvError, Environment, Evidence, Handler, Plan, Session, Task, ToolError
+
+
+class ServerDown(Exception):
+    """The MCP server stopped answering (its process died, or its connection closed)."""
+
+
+class CallRefused(Exception):
+    """The server answered a call with a protocol error (an unknown tool, bad parameters)."""
+
+
+class MCPConnection:
+    """One MCP client session, kept open on an event loop in a thread of its own.
+
+    ``command`` (argv of a stdio server) or ``url`` (streamable HTTP). ``call`` and
+    ``list_tools`` block until the server answers; ``restart`` reconnects (a stdio server is
+    started again)."""
+
+    def __init__(
+        self,
+        command: list[str] | None = None,
+        url: str | None = None,
+        *,
+        env: dict[str, str] | None = None,
+        start_timeout_s: float = 60.0,
+    ) -> None:
+        if (command is None) == (url is None):
+            raise EnvError("mcp: give exactly one of command (a stdio server) or url")
+        self.command, self.url, self.env = command, url, env
+        self.start_timeout_s = start_timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._queue: asyncio.Queue | None = None
+        self._served: Future | None = None  # the serving task's end (an error, or None)
+
+    # -- lifetime ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        try:
+            import mcp  # noqa: F401
+        except ImportError as exc:
+            raise EnvError(
+                "env mcp needs the mcp package: pip install 'acmrl[mcp]' "
+                f"(importing it failed: {exc})"
+            ) from None
+        atexit.register(self.close)  # a stdio server is stopped with the process that started it
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="mcp")
+        self._thread.start()
+        ready: Future = Future()
+        self._served = asyncio.run_coroutine_threadsafe(self._serve(ready), self._loop)
+        try:
+            ready.result(timeout=self.start_timeout_s)
+        except FutureTimeout:
+            self.close()
+            raise EnvError(
+                f"mcp: the server {self._name()} did not start within {self.start_timeout_s} s"
+            ) from None
+        except Exception as exc:
+            self.close()
+            raise EnvError(f"mcp: cannot start the server {self._name()}: {_reason(exc)}") from None
+
+    def close(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is None:
+            return
+        if self._queue is not None:
+            loop.call_soon_threadsafe(self._queue.put_nowait, None)  # ends the serving task
+        if self._served is not None:
+            with contextlib.suppress(Exception):  # a dead server may fail its own shutdown
+                self._served.result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        loop.close()
+        self._queue = self._served = self._thread = None
+
+    def restart(self) -> None:
+        self.close()
+        self.start()
+
+    def _name(self) -> str:
+        return self.url or shlex.join(self.command or [])
+
+    async def _serve(self, ready: Future) -> None:
+        """Hold the client open; run the queued calls one by one in this task (the client's
+        context must be entered and left by one task)."""
+        from mcp import Client, StdioServerParameters
+
+        target: Any = self.url
+        if self.command is not None:
+            target = StdioServerParameters(
+                command=self.command[0], args=self.command[1:], env=self.env
+            )
+        self._queue = asyncio.Queue()
+        try:
+            async with Client(target) as client:
+                ready.set_result(None)
+                while (item := await self._queue.get()) is not None:
+                    work, done = item
+                    try:
+                        done.set_result(await work(client))
+                    except BaseException as exc:  # handed to the caller, never lost
+                        done.set_exception(exc if isinstance(exc, Exception) else ServerDown(exc))
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc if isinstance(exc, Exception) else ServerDown(exc))
+            self._fail_pending(exc)
+
+    def _fail_pending(self, exc: BaseException) -> None:
+        while self._queue is not None and not self._queue.empty():
+            item = self._queue.get_nowait()
+            if item is not None:
+                item[1].set_exception(ServerDown(_reason(exc)))
+
+    def _submit(self, work: Any, timeout: float) -> Any:
+        if self._loop is None or self._queue is None:
+            raise ServerDown("not connected")
+        if self._served is not None and self._served.done():
+            raise ServerDown("the connection has closed")
+        done: Future = Future()
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, (work, done))
+        try:
+            return done.result(timeout=timeout)
+        except FutureTimeout:
+            raise
+        except ServerDown:
+            raise
+        except Exception as exc:
+            if self._served is not None and self._served.done():
+                raise ServerDown(_reason(exc)) from None
+            raise
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def list_tools(self, timeout: float = 60.0) -> list[dict[str, Any]]:
+        """The server's tools as OpenAI function schemas."""
+
+        async def work(client: Any) -> list[Any]:
+            return list((await client.list_tools()).tools)
+
+        return [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    "description": t.description or t.name,
+                    "parameters": t.input_schema or {"type": "object", "properties": {}},
+                },
+            }
+            for t in self._submit(work, timeout)
+        ]
+
+    def call(self, name: str, arguments: dict[str, Any], timeout: float) -> tuple[str, bool]:
+        """The tool's result as text, and whether the server marked it an error. Raises
+        ``TimeoutError`` past ``timeout`` and :class:`ServerDown` if the server is gone."""
+
+        import anyio
+        from mcp.shared.exceptions import MCPError
+        from mcp_types.jsonrpc import CONNECTION_CLOSED
+
+        async def work(client: Any) -> Any:
+            try:
+                return await asyncio.wait_for(client.call_tool(name, arguments), timeout)
+            except MCPError as exc:
+                if exc.code == CONNECTION_CLOSED:
+                    raise ServerDown(exc.message) from None
+                raise CallRefused(exc.message) from None
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+                raise ServerDown(_reason(exc)) from None
+
+        try:
+            result = self._submit(work, timeout + 5)
+        except FutureTimeout:
+            raise TimeoutError(name) from None
+        return result_text(result), bool(getattr(result, "is_error", False))
+
+
+def result_text(result: Any) -> str:
+    """A tool result's content as the text an agent reads: its text parts in order; other parts
+    named by their type; the structured content as JSON when there is no text."""
+    parts = []
+    for block in getattr(result, "content", None) or []:
+        kind = getattr(block, "type", "")
+        if kind == "text":
+            parts.append(block.text)
+        elif kind == "resource" and getattr(block.resource, "text", None) is not None:
+            parts.append(block.resource.text)
+        else:
+            parts.append(f"[{kind or 'content'} omitted]")
+    if not parts and getattr(result, "structured_content", None) is not None:
+        parts.append(json.dumps(result.structured_content, ensure_ascii=False))
+    return "\n".join(parts) or "(empty result)"
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_reason(e) for e in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def read_tasks(path: str | Path) -> dict[str, list[Task]]:
+    """Tasks per split from a JSONL file (module docstring); a bad line is named."""
+    p = Path(path)
+    if not p.is_file():
+        raise EnvError(f"mcp: tasks file {p} does not exist")
+    splits: dict[str, list[Task]] = {}
+    seen: set[str] = set()
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"mcp: {p}:{n}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise EnvError(f"{where}: not JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise EnvError(f"{where}: a task is a JSON object")
+        prompt, answer = row.get("prompt"), row.get("answer")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise EnvError(f"{where}: 'prompt' must be a non-empty string")
+        ok = isinstance(answer, str) or (
+            isinstance(answer, list) and answer and all(isinstance(a, str) for a in answer)
+        )
+        if not ok:
+            raise EnvError(f"{where}: 'answer' must be a string or a list of strings")
+        evidence = row.get("evidence", [])
+        if not isinstance(evidence, list) or not all(isinstance(e, str) for e in evidence):
+            raise EnvError(f"{where}: 'evidence' must be a list of strings")
+        tid = str(row.get("id", f"line{n}"))
+        if tid in seen:
+            raise EnvError(f"{where}: task id {tid!r} is used twice")
+        seen.add(tid)
+        meta = {k: row[k] for k in ("aliases", "answer_set") if k in row}
+        meta["evidence"] = evidence
+        splits.setdefault(str(row.get("split", "eval")), []).append(
+            Task(tid, prompt.strip(), answer, meta)
+        )
+    if not splits:
+        raise EnvError(f"mcp: {p} holds no task")
+    return splits
+
+
+class MCPSession(Session):
+    """A session whose environment calls go to the MCP server; ``incidents`` lists the server
+    restarts the episode went through."""
+
+    incidents: list[str]
+
+
+class MCPEnv(Environment):
+    """The tools of an MCP server and a JSONL task set (module docstring)."""
+
+    name = "mcp"
+
+    def __init__(
+        self,
+        tasks: str,
+        command: str | list[str] | None = None,
+        url: str | None = None,
+        metric: str = "em",
+        timeout_s: float = 30.0,
+        server_env: dict[str, str] | None = None,
+        max_context_tokens: int | None = None,
+        judge: Any = None,
+    ) -> None:
+        super().__init__(metric=metric, judge=judge)
+        if isinstance(command, str):
+            command = shlex.split(command)
+        if command is not None and not command:
+            raise EnvError("mcp: command is empty")
+        self._tasks = read_tasks(tasks)
+        self.timeout_s = float(timeout_s)
+        self.max_context_tokens = max_context_tokens
+        self.connection = MCPConnection(command, url, env=server_env)
+        self.connection.start()
+        self._tools = self.connection.list_tools()
+        names = [t["function"]["name"] for t in self._tools]
+        if "answer" in names:
+            raise EnvError("mcp: the server has a tool named 'answer', which acmrl reserves")
+        self.restarts = 0
+
+    def tools(self) -> list[dict[str, Any]]:
+        return [dict(t) for t in self._tools]
+
+    def session(self, task: Task) -> Session:
+        session = MCPSession(task, self.tools(), {}, lambda a: self.score(task, a))
+        session.incidents = []
+        session._handlers = self._handlers_for(session)
+        return session
+
+    def _handlers(self, task: Task) -> dict[str, Handler]:  # sessions build their own
+        raise NotImplementedError
+
+    def _handlers_for(self, session: MCPSession) -> dict[str, Handler]:
+        def handler(name: str) -> Handler:
+            return lambda **arguments: self._call(session, name, arguments)
+
+        return {t["function"]["name"]: handler(t["function"]["name"]) for t in self._tools}
+
+    def _call(self, session: MCPSession, name: str, arguments: dict[str, Any]) -> str:
+        for attempt in (1, 2):
+            try:
+                text, error = self.connection.call(name, arguments, self.timeout_s)
+            except TimeoutError:
+                raise ToolError(f"{name} did not answer within {self.timeout_s:g} s") from None
+            except CallRefused as exc:
+                raise ToolError(f"{name}: {exc}") from None
+            except ServerDown as exc:
+                if attempt == 2:
+                    raise ToolError(f"the tool server stopped answering ({exc})") from None
+                session.incidents.append(f"{name}: the server stopped ({exc}); restarted")
+                self.restarts += 1
+                try:
+                    self.connection.restart()
+                except EnvError as again:
+                    raise ToolError(
+                        f"the tool server stopped and did not restart ({again})"
+                    ) from None
+                continue
+            if error:
+                raise ToolError(text)
+            return text
+        raise AssertionError("unreachable")
+
+    def oracle_plan(self, task: Task) -> Plan:
+        raise NotImplementedError(
+            "mcp environments have no expert plan: use the LLM teacher (teacher.kind=llm), "
+            "which reviews runs against the task's answer and evidence"
+        )
+
+    def answer_evidence(self, task: Task) -> list[Evidence]:
+        given = task.metadata.get("evidence") or []
+        return [Evidence(e) for e in given] or super().answer_evidence(task)
+
+    def key_terms(self, task: Task) -> list[str]:
+        answers = task.answer if isinstance(task.answer, list) else [task.answer]
+        terms = [*(task.metadata.get("evidence") or []), *answers]
+        return list(dict.fromkeys(t.strip() for t in terms if len(t.strip()) >= 2))
+
+    def close(self) -> None:
+        self.connection.close()

@@ -1,0 +1,167 @@
+"""env.name=mcp against a real MCP server (tests/fixtures/mcp_docs_server.py, started as a
+subprocess over stdio): its tools become the agent's, acmrl eval runs on it in react and acm,
+tool errors and timeouts are observations, and a server killed mid-episode is restarted."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from acmrl.config import EvalConfig
+from acmrl.context.render import format_tool_call
+from acmrl.engines.scripted import ScriptedEngine
+from acmrl.envs import EnvError, load
+from acmrl.envs.mcp import read_tasks
+from acmrl.eval.run import run_eval
+from acmrl.rollout.worker import read_trajectories
+
+pytest.importorskip("mcp")
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+SERVER = [sys.executable, str(FIXTURES / "mcp_docs_server.py")]
+TASKS = str(FIXTURES / "mcp_tasks.jsonl")
+
+
+@pytest.fixture(scope="module")
+def env():
+    e = load("mcp", tasks=TASKS, command=[*SERVER, "--with-wait"], timeout_s=2)
+    yield e
+    e.close()
+
+
+def test_the_servers_tools_are_the_agents(env):
+    names = [t["function"]["name"] for t in env.tools()]
+    assert names == ["search", "read", "wait"]
+    assert env.tools()[0]["function"]["parameters"]["required"] == ["query"]
+    assert [len(env.tasks(s)) for s in ("train", "eval")] == [4, 4]
+    task = next(t for t in env.tasks("eval") if t.id == "sched-priority")
+    s = env.session(task)
+    assert [n["function"]["name"] for n in s.tools][-1] == "answer"
+    hits = s.call("search", {"query": "scheduler priority numbers"})
+    assert hits.splitlines()[0] == "[sched] sched"
+    assert "lower priority numbers mean higher priority" in s.call("read", {"doc_id": "sched"})
+    # errors, bad arguments and a call past the timeout are observations, not exceptions
+    assert s.call("read", {"doc_id": "nope"}).startswith("Error: ")
+    assert "no document 'nope'" in s.call("read", {"doc_id": "nope"})
+    assert s.call("read", {"doc": "sched"}).startswith("Error: read is missing argument")
+    assert s.call("wait", {"seconds": 5}) == "Error: wait did not answer within 2 s"
+    assert s.call("search", {"query": "heap"}).startswith("[heapq]")  # still connected
+    s.call("answer", {"text": "higher"})
+    assert s.score() == 1.0
+    assert env.answer_evidence(task)[0].text == "lower priority numbers mean higher priority"
+    with pytest.raises(NotImplementedError, match="no expert plan"):
+        env.oracle_plan(task)
+
+
+def test_bad_task_files_and_options_are_named(tmp_path):
+    bad = tmp_path / "t.jsonl"
+    bad.write_text('{"prompt": "q?", "answer": "a"}\n{"prompt": "", "answer": "a"}\n')
+    with pytest.raises(EnvError, match=r"t.jsonl:2: 'prompt' must be a non-empty string"):
+        read_tasks(bad)
+    bad.write_text('{"prompt": "q?", "answer": 3}\n')
+    with pytest.raises(EnvError, match=r":1: 'answer' must be a string or a list"):
+        read_tasks(bad)
+    bad.write_text(
+        '{"id": "a", "prompt": "q?", "answer": "x"}\n{"id": "a", "prompt": "r?", "answer": "y"}\n'
+    )
+    with pytest.raises(EnvError, match="task id 'a' is used twice"):
+        read_tasks(bad)
+    with pytest.raises(EnvError, match="exactly one of command"):
+        load("mcp", tasks=TASKS)
+    with pytest.raises(EnvError, match="cannot start the server"):
+        load("mcp", tasks=TASKS, command=[sys.executable, "-c", "raise SystemExit(3)"])
+
+
+def reader(tasks: dict[str, str], kill: Path | None = None):
+    """A scripted policy: search with the question, read the top hit, compact (acm), answer
+    with the reference. With ``kill`` (a pid file), it kills the server between its search and
+    its read, once."""
+    turns: dict[str, int] = {}
+
+    def reply(session_id: str, prompt: str) -> str:
+        if session_id.endswith("/summariser"):
+            return "I searched and read the document that answers the question."
+        n = turns[session_id] = turns.get(session_id, -1) + 1
+        question = next(q for q in tasks if q in prompt)
+        if n == 0:
+            return format_tool_call("search", {"query": question})
+        if n == 1:
+            if kill is not None and kill.exists():
+                os.kill(int(kill.read_text()), signal.SIGKILL)
+                kill.unlink()  # once
+            top = re.findall(r"\[([a-z_]+)\] \1\b", prompt)[0]  # search shows "[id] id"
+            return format_tool_call("read", {"doc_id": top})
+        if n == 2 and "#acm#" in session_id:
+            return format_tool_call("manage_context", {})
+        return format_tool_call("answer", {"text": tasks[question]})
+
+    return reply
+
+
+def eval_config(tmp_path: Path, command: list[str]) -> EvalConfig:
+    cfg = EvalConfig(output=str(tmp_path / "eval"), arms=["react", "acm"], machine="test CPU")
+    cfg.env.name = "mcp"
+    cfg.env.options = {"tasks": TASKS, "command": command}
+    cfg.env.limit = 2
+    cfg.agent.max_context_tokens = 4096
+    cfg.agent.max_turns = 6
+    return cfg
+
+
+def test_acmrl_eval_runs_on_the_mcp_server_in_react_and_acm(tmp_path, tokenizer):
+    cfg = eval_config(tmp_path, SERVER)
+    tasks = {t.prompt: t.answer for t in read_tasks(TASKS)["eval"]}
+    report = run_eval(cfg, engine=ScriptedEngine(tokenizer, reader(tasks)))
+    for arm in ("react", "acm"):
+        assert report["arms"][arm]["pass@1"] == 1.0, arm
+        assert report["arms"][arm]["tool_calls"] >= 3
+    assert report["arms"]["acm"]["compactions"] >= 1
+    trajs = read_trajectories(tmp_path / "eval" / "episodes.jsonl")
+    assert all(t.metrics["env_incidents"] == 0 for t in trajs)
+    obs = [o for t in trajs for s in t.steps for o in s.observations]
+    assert any("Each instance of this class manages its own queue" in o for o in obs)
+
+
+def test_a_server_killed_mid_episode_is_restarted_and_the_episode_marked(tmp_path, tokenizer):
+    pid = tmp_path / "server.pid"
+    cfg = eval_config(tmp_path, [*SERVER, "--pid-file", str(pid)])
+    cfg.arms, cfg.env.limit = ["react"], 1
+    tasks = {t.prompt: t.answer for t in read_tasks(TASKS)["eval"]}
+    report = run_eval(cfg, engine=ScriptedEngine(tokenizer, reader(tasks, kill=pid)))
+    (traj,) = read_trajectories(tmp_path / "eval" / "episodes.jsonl")
+    assert traj.metrics["env_incidents"] == 1
+    assert traj.status == "answered" and report["arms"]["react"]["pass@1"] == 1.0
+    read = [o for s in traj.steps for o in s.observations if "Each instance" in o]
+    assert read, "the read after the kill reached the restarted server"
+    assert not pid.exists() or json.loads(pid.read_text()) > 0  # the restarted server's
+
+
+def test_the_cli_evaluates_a_model_on_the_mcp_server(tmp_path, tiny_model_dir):
+    """``acmrl eval env.name=mcp`` from the command line, on the tiny model."""
+    from typer.testing import CliRunner
+
+    from acmrl.cli import app
+
+    out = tmp_path / "cli"
+    command = json.dumps(SERVER)
+    args = [
+        "eval",
+        f"model.name={tiny_model_dir}",
+        "env.name=mcp",
+        f"env.options={{tasks: {TASKS}, command: {command}}}",
+        "env.limit=1",
+        "arms=[react,acm]",
+        "agent.max_turns=2",
+        "sampling.max_new_tokens=8",
+        f"output={out}",
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert len((out / "episodes.jsonl").read_text().splitlines()) == 2
+    assert "| react |" in (out / "report.md").read_text()
