@@ -1055,6 +1055,13 @@ class AuditConfig:
         "trivial strategies (react arm): first_result, listed_title, frequent, random; "
         "code_nav chain: first_argument, random_argument; code_nav trace: def_line too",
     )
+    model_react: bool = option(
+        False,
+        "also run model.name (its weights) in react, greedy: what an agent not trained on the "
+        "task reaches; always on when the environment has no expert plan (its ceilings cannot "
+        "be scripted)",
+    )
+    model_tokens: int = option(256, "model_react: most tokens per turn", min=8)
     concurrency: int = option(16, "episodes in flight at once", min=1)
     output: str = option("runs/audit", "folder of episodes.jsonl, audit.json and audit.md")
 

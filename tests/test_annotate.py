@@ -362,4 +362,8 @@ def test_the_llm_teacher_sees_gold_evidence_beside_the_reference(tiny):
     for doc_id in gold:
         doc = next(d for d in env.documents if d.id == doc_id)
         assert f"- [{doc_id}] {doc.title}: " in prompts[0]
-    assert gold_evidence(object()) is None  # an environment without documents: no section
+    # an environment without documents: the task file's evidence sentences, or no section
+    plain = gold_evidence(object())
+    assert plain(task.__class__("t", "?", "a")) == []
+    said = task.__class__("t", "?", "a", {"evidence": ["The key is 42."]})
+    assert plain(said) == [("evidence 1", "The key is 42.")]

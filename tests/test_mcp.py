@@ -165,3 +165,40 @@ def test_the_cli_evaluates_a_model_on_the_mcp_server(tmp_path, tiny_model_dir):
     assert result.exit_code == 0, result.output
     assert len((out / "episodes.jsonl").read_text().splitlines()) == 2
     assert "| react |" in (out / "report.md").read_text()
+
+
+def test_audit_reports_what_it_can_without_a_plan(tmp_path, tiny_model_dir):
+    """No expert plan: no scripted ceilings; the trivial strategies that need none (the first
+    search result, the most frequent and a random training answer) and the model itself in
+    react, on the real server."""
+    from acmrl.config import AuditConfig
+    from acmrl.eval.audit import run_audit
+
+    cfg = AuditConfig(output=str(tmp_path / "audit"))
+    cfg.model.name = str(tiny_model_dir)
+    cfg.env.name, cfg.env.options, cfg.env.limit = "mcp", {"tasks": TASKS, "command": SERVER}, 2
+    cfg.agent.max_turns, cfg.model_tokens = 2, 8
+    report = run_audit(cfg)
+    rows = {r["strategy"]: r for r in report["strategies"]}
+    assert set(rows) == {"first_result", "frequent", "random", "model"}
+    assert "no expert plan" in report["no_plan"]
+    assert rows["first_result"]["tool_calls"] == 2  # it searched the real server, then answered
+    assert all(r["episodes"] == 2 for r in rows.values())
+    md = (tmp_path / "audit" / "audit.md").read_text()
+    assert "No expert plan" in md and "| model | react |" in md
+
+
+def test_the_stages_that_need_a_plan_say_so(tmp_path, tiny_model_dir):
+    from acmrl.config import AnnotateConfig
+    from acmrl.teacher.annotate import run_annotate
+
+    for kw in ({"demonstrations": True}, {}):
+        cfg = AnnotateConfig(output=str(tmp_path / "a"), **kw)
+        cfg.model.name = str(tiny_model_dir)
+        cfg.env.name, cfg.env.options = "mcp", {"tasks": TASKS, "command": SERVER}
+        if not kw:
+            cfg.teacher.kind = "oracle"
+        with pytest.raises(
+            ValueError, match=r"needs the environment's expert plan.*teacher\.kind=llm"
+        ):
+            run_annotate(cfg)

@@ -166,6 +166,15 @@ class Environment:
     def oracle_plan(self, task: Task) -> Plan:
         raise NotImplementedError
 
+    def has_plan(self, task: Task) -> str | None:
+        """None when the environment has an expert plan for ``task``; else why not (what
+        ``oracle_plan`` raised), for the stages that need one to say so."""
+        try:
+            self.oracle_plan(task)
+        except NotImplementedError as exc:
+            return str(exc) or f"{self.name} has no expert plan (oracle_plan)"
+        return None
+
     def key_terms(self, task: Task) -> list[str]:
         """The strings an agent must carry through a compaction to finish ``task``: what its
         summaries are measured on (:func:`acmrl.rollout.records.terms_kept`). By default the

@@ -30,13 +30,22 @@ from acmrl.teacher.ceiling import answer_text, audit_reply
 EPISODES = "episodes.jsonl"
 
 
-def strategies(cfg: AuditConfig) -> list[tuple[str, str]]:
+# the trivial strategies that follow a prefix of the expert's plan
+PLANNED_TRIVIAL = ("listed_title", "def_line", "first_argument", "random_argument")
+
+
+def strategies(cfg: AuditConfig, planned: bool = True) -> list[tuple[str, str]]:
     """``(strategy, arm)`` pairs in report order: the arms' ceilings (react's twice: as is and
-    ``noted``, its thoughts repeating the evidence it read), then the trivial ones."""
+    ``noted``, its thoughts repeating the evidence it read), then the trivial ones, then
+    ``model`` (the configured model in react) with ``model_react``. Without an expert plan
+    (``planned`` False) only what needs none: the trivial strategies that read no plan and the
+    model's react."""
     ceilings = [("ceiling", arm) for arm in cfg.arms]
     if "react" in cfg.arms:
         ceilings.insert(cfg.arms.index("react") + 1, ("noted", "react"))
-    return ceilings + [(t, "react") for t in cfg.trivial]
+    trivial = [(t, "react") for t in cfg.trivial if planned or t not in PLANNED_TRIVIAL]
+    model = [("model", "react")] if cfg.model_react or not planned else []
+    return (ceilings if planned else []) + trivial + model
 
 
 SETTINGS = "audit-settings.json"
@@ -105,37 +114,71 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     tokenizer = load_tokenizer(cfg.model.name)
     budget = context_budget(cfg.agent, env)
     tasks = env.tasks(cfg.env.split)[: cfg.env.limit]
+    if not tasks:
+        raise ValueError(f"{cfg.env.name} split {cfg.env.split!r} has no tasks")
+    no_plan = env.has_plan(tasks[0])
+    chosen = strategies(cfg, planned=no_plan is None)
     train = env.tasks("train") if "train" in env.splits else tasks
     answers = [(t.id, answer_text(t)) for t in train]
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     check_settings(out, settings(cfg))
     writer = TrajectoryWriter(out / EPISODES)
-    sampling = SamplingConfig(max_new_tokens=4096)  # a script's turn is never cut
-    episodes = [
-        Episode(f"{t.id}#{arm}#{name}", env, t, arm, tokenizer, agent=cfg.agent, sampling=sampling)
-        for t in tasks
-        for name, arm in strategies(cfg)
-        if f"{t.id}#{arm}#{name}" not in writer.done
-    ]
+    scripted = SamplingConfig(max_new_tokens=4096)  # a script's turn is never cut
+    model = SamplingConfig(max_new_tokens=cfg.model_tokens)  # greedy
+
+    def episodes(which: set[str]) -> list[Episode]:
+        return [
+            Episode(
+                f"{t.id}#{arm}#{name}",
+                env,
+                t,
+                arm,
+                tokenizer,
+                agent=cfg.agent,
+                sampling=model if name == "model" else scripted,
+            )
+            for t in tasks
+            for name, arm in chosen
+            if (name == "model") == ("model" in which) and f"{t.id}#{arm}#{name}" not in writer.done
+        ]
+
     engine = ScriptedEngine(tokenizer, audit_reply(env, tokenizer, budget, answers), truncate=False)
     try:
         run_episodes(
-            episodes, engine, concurrency=cfg.concurrency, on_done=lambda e: writer.write(e.traj)
+            episodes({"scripts"}),
+            engine,
+            concurrency=cfg.concurrency,
+            on_done=lambda e: writer.write(e.traj),
         )
+        if own := episodes({"model"}):
+            from acmrl.engines.hf import HFEngine
+
+            run_episodes(
+                own,
+                HFEngine.from_config(cfg.model),
+                concurrency=cfg.concurrency,
+                on_done=lambda e: writer.write(e.traj),
+            )
     finally:
         writer.close()
-    wanted = {f"{t.id}#{arm}#{name}" for t in tasks for name, arm in strategies(cfg)}
+    wanted = {f"{t.id}#{arm}#{name}" for t in tasks for name, arm in chosen}
     trajs = [t for t in read_trajectories(out / EPISODES) if t.episode_id in wanted]
-    report = build_audit(trajs, cfg, budget)
-    report["fixed_prompt_tokens"] = fixed_prompts(env, tasks[0], tokenizer, cfg, budget)
+    report = build_audit(trajs, cfg, budget, chosen)
+    report["no_plan"] = no_plan
+    report["fixed_prompt_tokens"] = fixed_prompts(env, tasks[0], tokenizer, chosen, cfg, budget)
     _atomic_write(out / "audit.json", json.dumps(report, indent=1))
     _atomic_write(out / "audit.md", audit_markdown(report))
     return report
 
 
 def fixed_prompts(
-    env: Any, task: Any, tokenizer: Any, cfg: AuditConfig, budget: int
+    env: Any,
+    task: Any,
+    tokenizer: Any,
+    chosen: list[tuple[str, str]],
+    cfg: AuditConfig,
+    budget: int,
 ) -> dict[str, int]:
     """Each audited arm's fixed prompt in tokens: its system message and tool schemas, as the
     episode renders them under ``cfg.agent`` before the task's first message."""
@@ -144,14 +187,16 @@ def fixed_prompts(
 
     tools = env.session(task).tools
     out = {}
-    for arm in dict.fromkeys(arm for _, arm in strategies(cfg)):
+    for arm in dict.fromkeys(arm for _, arm in chosen):
         system = get_arm(arm).system_prompt(budget, cfg.agent)
         renderer = Renderer(tokenizer, system, arm_tools(tools, arm, cfg.agent))
         out[arm] = len(renderer.ids([], add_generation_prompt=False))
     return out
 
 
-def build_audit(trajs: list[Any], cfg: AuditConfig, budget: int) -> dict[str, Any]:
+def build_audit(
+    trajs: list[Any], cfg: AuditConfig, budget: int, chosen: list[tuple[str, str]] | None = None
+) -> dict[str, Any]:
     rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for t in trajs:
         name = t.episode_id.rsplit("#", 1)[1]
@@ -159,7 +204,7 @@ def build_audit(trajs: list[Any], cfg: AuditConfig, budget: int) -> dict[str, An
         row["query_memory"] = sum(a["name"] == "query_memory" for s in t.steps for a in s.actions)
         rows.setdefault((name, t.arm), []).append(row)
     table = []
-    for name, arm in strategies(cfg):
+    for name, arm in chosen if chosen is not None else strategies(cfg):
         got = rows.get((name, arm), [])
         if not got:
             continue
@@ -201,6 +246,21 @@ def _fixed_line(report: dict[str, Any]) -> list[str]:
     return [f"Fixed prompt (system message and tool schemas), tokens: {each}.", ""]
 
 
+def _plan_line(report: dict[str, Any]) -> list[str]:
+    lines = []
+    if report.get("no_plan"):
+        lines.append(
+            f"No expert plan ({report['no_plan']}): the arms' ceilings cannot be scripted and "
+            "are not measured; the trivial strategies that follow a plan are left out."
+        )
+    if any(r["strategy"] == "model" for r in report["strategies"]):
+        lines.append(
+            f"`model` is `{report['tokenizer']}` itself in react, greedy: an agent not trained "
+            "on these tasks."
+        )
+    return [*lines, ""] if lines else []
+
+
 def audit_markdown(report: dict[str, Any]) -> str:
     opts = ", ".join(f"{k}={v}" for k, v in report["env_options"].items())
     lines = [
@@ -216,6 +276,7 @@ def audit_markdown(report: dict[str, Any]) -> str:
         "random_argument read the first definition).",
         "",
         *_fixed_line(report),
+        *_plan_line(report),
         "| strategy | arm | Pass@1 [95% CI] | peak tokens (mean / max) | overflow | tool calls "
         "| compactions | query_memory | Compaction Cost/ep |",
         "|---|---|---|---|---|---|---|---|---|",

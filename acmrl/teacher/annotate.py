@@ -229,6 +229,14 @@ def run_annotate(cfg: AnnotateConfig, engine: Engine | None = None) -> dict[str,
     i, n = (int(x) for x in cfg.shard.split("/"))
     env = build_environment(cfg.env)
     every = env.tasks(cfg.env.split)[: cfg.env.limit]
+    scripted = cfg.demonstrations or cfg.teacher.kind == "oracle"
+    if every and scripted and (why := env.has_plan(every[0])) is not None:
+        needs = "demonstrations=true" if cfg.demonstrations else "teacher.kind=oracle"
+        raise ValueError(
+            f"{needs} needs the environment's expert plan, and {cfg.env.name} has none "
+            f"({why}); annotate with the LLM teacher instead: teacher.kind=llm "
+            "demonstrations=false (teacher.base_urls for a served teacher)"
+        )
     tasks = every[i::n]
     student_ids = None
     if cfg.student_tasks is not None:  # taken before sharding, so every shard agrees

@@ -237,7 +237,8 @@ class Trivial:
         self.name, self.env, self.task = name, env, task
         # the training answers of other tasks (an audit of the train split never sees its own)
         self.answers = [a for task_id, a in answers if task_id != task.id]
-        self.plan = env.oracle_plan(task)  # the reading strategies follow a prefix of it
+        # the reading strategies follow a prefix of it (none without a plan: the others only)
+        self.plan = env.oracle_plan(task) if env.has_plan(task) is None else []
         self.searches = [a for n, a in self.plan if n == "search"]
         self.turn = 0
 

@@ -226,15 +226,17 @@ class LLMTeacher:
         )
 
 
-def gold_evidence(env: Any) -> Callable[[Task], list[tuple[str, str]]] | None:
-    """The gold documents of a task (``task.metadata["gold_docs"]``) in an environment that
-    holds documents (kb_search, corpus_qa); None for one that does not."""
+def gold_evidence(env: Any) -> Callable[[Task], list[tuple[str, str]]]:
+    """What a task's answer rests on, for the teacher's prompt: the gold documents
+    (``task.metadata["gold_docs"]``) in an environment that holds documents (kb_search,
+    corpus_qa), else the evidence sentences a task file gives (``task.metadata["evidence"]``,
+    e.g. an MCP environment's JSONL tasks); an empty list (no section) when there is neither."""
     docs = {d.id: d for d in getattr(env, "documents", None) or []}
-    if not docs:
-        return None
 
     def evidence(task: Task) -> list[tuple[str, str]]:
         ids = task.metadata.get("gold_docs") or []
-        return [(i, f"{docs[i].title}: {docs[i].text}") for i in ids if i in docs]
+        found = [(i, f"{docs[i].title}: {docs[i].text}") for i in ids if i in docs]
+        given = task.metadata.get("evidence") or []
+        return found or [(f"evidence {n}", str(text)) for n, text in enumerate(given, 1)]
 
     return evidence
