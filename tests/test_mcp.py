@@ -202,3 +202,37 @@ def test_the_stages_that_need_a_plan_say_so(tmp_path, tiny_model_dir):
             ValueError, match=r"needs the environment's expert plan.*teacher\.kind=llm"
         ):
             run_annotate(cfg)
+
+
+def test_annotate_with_a_served_llm_teacher_on_the_mcp_server(tmp_path, tiny_model_dir):
+    """acmrl annotate on the MCP environment, the LLM teacher served by ``acmrl serve`` (the
+    tiny random model stands in for a strong one: its replies are not valid assessments, which
+    the card counts as such); the student is the tiny model too."""
+    from acmrl.config import AnnotateConfig
+    from acmrl.teacher.annotate import run_annotate
+    from tests.test_engine_openai import start_server
+
+    proc, url = start_server(tiny_model_dir)
+    try:
+        cfg = AnnotateConfig(output=str(tmp_path / "annotate"))
+        cfg.model.name = str(tiny_model_dir)
+        cfg.env.name, cfg.env.options = "mcp", {"tasks": TASKS, "command": SERVER}
+        cfg.env.split, cfg.env.limit, cfg.arms = "train", 2, ["react"]
+        cfg.agent.max_turns, cfg.sampling.max_new_tokens = 2, 8
+        cfg.teacher.kind, cfg.teacher.base_urls = "llm", [url]
+        cfg.teacher.model, cfg.teacher.max_attempts, cfg.teacher.max_tokens = (
+            str(tiny_model_dir),
+            1,
+            16,
+        )
+        stats = run_annotate(cfg)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert stats["student_trajectories"] == 2
+    assert stats["failed_assessments"] + sum(stats["edits"].values()) == 2
+    card = (tmp_path / "annotate" / "README.md").read_text()
+    assert "## Edits" in card and f"| failed_assessments | {stats['failed_assessments']} |" in card
+    assert stats["by_arm"]["react"].get("failed", 0) == stats["failed_assessments"]
+    records = (tmp_path / "annotate").glob("records-*.jsonl")
+    assert sum(len(p.read_text().splitlines()) for p in records) == 2

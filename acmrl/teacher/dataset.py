@@ -192,8 +192,14 @@ def card_stats(trajs: list[dict[str, Any]], samples: list[dict[str, Any]]) -> di
         "tokens": sum(len(s["token_ids"]) for s in samples),
         "policy_tokens": origins[POLICY],
         "teacher_tokens": origins[TEACHER],
-        "by_arm": {
-            arm: dict(Counter(t["edit_kind"] or "none" for t in student if t["arm"] == arm))
+        "by_arm": {  # a failed assessment is counted as such, not as its placeholder kind
+            arm: dict(
+                Counter(
+                    (t["edit_kind"] or "none") if t["assessment_valid"] else "failed"
+                    for t in student
+                    if t["arm"] == arm
+                )
+            )
             for arm in sorted({t["arm"] for t in student})
         },
     }
