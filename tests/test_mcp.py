@@ -44,7 +44,7 @@ def test_the_servers_tools_are_the_agents(env):
     s = env.session(task)
     assert [n["function"]["name"] for n in s.tools][-1] == "answer"
     hits = s.call("search", {"query": "scheduler priority numbers"})
-    assert hits.splitlines()[0] == "[sched] sched"
+    assert hits.splitlines()[0] == "[sched] sched: A generally useful event scheduler class."
     assert "lower priority numbers mean higher priority" in s.call("read", {"doc_id": "sched"})
     # errors, bad arguments and a call past the timeout are observations, not exceptions
     assert s.call("read", {"doc_id": "nope"}).startswith("Error: ")
@@ -61,21 +61,67 @@ def test_the_servers_tools_are_the_agents(env):
 
 def test_bad_task_files_and_options_are_named(tmp_path):
     bad = tmp_path / "t.jsonl"
-    bad.write_text('{"prompt": "q?", "answer": "a"}\n{"prompt": "", "answer": "a"}\n')
-    with pytest.raises(EnvError, match=r"t.jsonl:2: 'prompt' must be a non-empty string"):
-        read_tasks(bad)
-    bad.write_text('{"prompt": "q?", "answer": 3}\n')
-    with pytest.raises(EnvError, match=r":1: 'answer' must be a string or a list"):
-        read_tasks(bad)
-    bad.write_text(
-        '{"id": "a", "prompt": "q?", "answer": "x"}\n{"id": "a", "prompt": "r?", "answer": "y"}\n'
-    )
-    with pytest.raises(EnvError, match="task id 'a' is used twice"):
-        read_tasks(bad)
+    for rows, message in (
+        (
+            ['{"prompt": "q?", "answer": "a"}', '{"prompt": "", "answer": "a"}'],
+            r"t.jsonl:2: 'prompt'",
+        ),
+        (['{"prompt": "q?", "answer": {"a": 1}}'], r":1: answer must be a string, got dict"),
+        (
+            [
+                '{"id": "a", "prompt": "q?", "answer": "x"}',
+                '{"id": "a", "prompt": "r?", "answer": "y"}',
+            ],
+            "task id 'a' is used twice",
+        ),
+        (['{"prompt": "q?", "answer": "x", "aliases": {"x": "X"}}'], "must be a list of strings"),
+        (['{"prompt": "q?", "answer": "x", "answer_set": "false"}'], "answer_set must be true"),
+        (['{"prompt": "q?", "answer": ""}'], "must not be empty"),
+        (['{"prompt": "q?", "answer": "x", "split": null}'], "'split' must be a non-empty"),
+        (['{"prompt": "q?", "answer": "x", "hint": "y"}'], r"unknown key\(s\) \['hint'\]"),
+    ):
+        bad.write_text("\n".join(rows) + "\n")
+        with pytest.raises(EnvError, match=message):
+            read_tasks(bad)
+    bad.write_text('{"prompt": "q?", "answer": "New York", "aliases": ["NYC"]}\n')
+    (task,) = read_tasks(bad)["eval"]
+    assert task.metadata["aliases"] == {"New York": ["NYC"]}
     with pytest.raises(EnvError, match="exactly one of command"):
         load("mcp", tasks=TASKS)
     with pytest.raises(EnvError, match="cannot start the server"):
         load("mcp", tasks=TASKS, command=[sys.executable, "-c", "raise SystemExit(3)"])
+    with pytest.raises(EnvError, match=r"tool\(s\) \['evolve'\], whose names acmrl's arms use"):
+        load("mcp", tasks=TASKS, command=[*SERVER, "--extra-tool", "evolve"])
+
+
+def test_a_server_stuck_at_start_is_stopped(tmp_path):
+    import psutil
+
+    pid = tmp_path / "pid"
+    command = [*SERVER, "--hang", "--pid-file", str(pid)]
+    with pytest.raises(EnvError, match="did not start within 3"):
+        load("mcp", tasks=TASKS, command=command, start_timeout_s=3)
+    n = int(pid.read_text())
+    assert not psutil.pid_exists(n) or psutil.Process(n).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_server_that_cannot_restart_is_given_up_not_retried_forever(tmp_path):
+    """Killed, and its command now failing at start: the call is an Error: observation, the
+    episode is marked; after max_restarts failed restarts later calls answer at once."""
+    pid, block = tmp_path / "pid", tmp_path / "block"
+    command = [*SERVER, "--pid-file", str(pid), "--fail-if", str(block)]
+    env = load("mcp", tasks=TASKS, command=command, max_restarts=2, start_timeout_s=20)
+    try:
+        s = env.session(env.tasks("eval")[0])
+        assert s.call("search", {"query": "heap"}).startswith("[heapq]")
+        block.write_text("")
+        os.kill(int(pid.read_text()), signal.SIGKILL)
+        for _ in range(2):
+            assert "did not restart" in s.call("search", {"query": "heap"})
+        assert len(s.incidents) == 2 and env.down is not None
+        assert s.call("search", {"query": "heap"}).startswith("Error: the tool server is down")
+    finally:
+        env.close()
 
 
 def reader(tasks: dict[str, str], kill: Path | None = None):
@@ -139,7 +185,9 @@ def test_a_server_killed_mid_episode_is_restarted_and_the_episode_marked(tmp_pat
     assert traj.status == "answered" and report["arms"]["react"]["pass@1"] == 1.0
     read = [o for s in traj.steps for o in s.observations if "Each instance" in o]
     assert read, "the read after the kill reached the restarted server"
-    assert not pid.exists() or json.loads(pid.read_text()) > 0  # the restarted server's
+    report_md = (tmp_path / "eval" / "report.md").read_text()
+    assert "1 episode(s) went through a tool-server restart" in report_md
+    assert "env_incidents" in (tmp_path / "eval" / "episodes.csv").read_text().splitlines()[0]
 
 
 def test_the_cli_evaluates_a_model_on_the_mcp_server(tmp_path, tiny_model_dir):
@@ -183,6 +231,13 @@ def test_audit_reports_what_it_can_without_a_plan(tmp_path, tiny_model_dir):
     assert set(rows) == {"first_result", "frequent", "random", "model"}
     assert "no expert plan" in report["no_plan"]
     assert rows["first_result"]["tool_calls"] == 2  # it searched the real server, then answered
+    firsts = [
+        json.loads(line)
+        for line in (tmp_path / "audit" / "episodes.jsonl").read_text().splitlines()
+        if "#first_result" in line
+    ]
+    docs = {p.stem for p in (FIXTURES / "mcp_docs").glob("*.md")}
+    assert firsts and all(t["answer"] in docs for t in firsts)  # a title the server listed
     assert all(r["episodes"] == 2 for r in rows.values())
     md = (tmp_path / "audit" / "audit.md").read_text()
     assert "No expert plan" in md and "| model | react |" in md

@@ -166,13 +166,15 @@ class Environment:
     def oracle_plan(self, task: Task) -> Plan:
         raise NotImplementedError
 
-    def has_plan(self, task: Task) -> str | None:
-        """None when the environment has an expert plan for ``task``; else why not (what
-        ``oracle_plan`` raised), for the stages that need one to say so."""
-        try:
-            self.oracle_plan(task)
-        except NotImplementedError as exc:
-            return str(exc) or f"{self.name} has no expert plan (oracle_plan)"
+    def has_plan(self, *tasks: Task) -> str | None:
+        """None when the environment has an expert plan for every one of ``tasks``; else why
+        not (what ``oracle_plan`` raised, and for which task), for the stages that need one."""
+        for task in tasks:
+            try:
+                self.oracle_plan(task)
+            except NotImplementedError as exc:
+                why = str(exc) or f"{self.name} has no expert plan (oracle_plan)"
+                return f"{why} (task {task.id})" if len(tasks) > 1 else why
         return None
 
     def key_terms(self, task: Task) -> list[str]:

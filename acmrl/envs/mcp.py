@@ -17,13 +17,14 @@ The server's tools become the agent's tools, with the schemas it lists (the sess
 
 ``prompt`` and ``answer`` are required; ``id`` defaults to the line number, ``split`` to
 ``eval``. ``evidence`` (optional) lists sentences an agent must see to answer: the LLM teacher
-gets them as the reference it reviews a run against, and the summaries are scored on keeping
-them.
+gets them as the gold evidence it reviews a run against.
 
-A tool call the server answers with an error, and one that takes longer than ``timeout_s``,
-become ``Error:`` observations. A server that dies is restarted, the call is tried once more,
-and the episode is marked (its trajectory's ``env_incidents`` metric counts the restarts); a
-server that cannot be restarted gives an ``Error:`` observation: a run never crashes on it.
+A tool call the server answers with an error, any other failure of a call, and one that takes
+longer than ``timeout_s`` become ``Error:`` observations. A server that dies is restarted, the
+call is tried once more, and the episode is marked (its trajectory's ``env_incidents`` metric);
+after ``max_restarts`` failed restarts in a row the server is given up and every later call
+says so at once: a run never crashes on it. Every server process the connection started is
+stopped on close (terminated, then killed), a server stuck in its handshake too.
 
 There is no expert plan: ``oracle_plan`` raises, so the scripted teacher, demonstrations and
 the scripted ceilings of ``acmrl audit`` need another environment; the LLM teacher
@@ -42,7 +43,8 @@ import contextlib
 import json
 import shlex
 import threading
-from concurrent.futures import Future
+import warnings
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
@@ -63,7 +65,8 @@ class MCPConnection:
 
     ``command`` (argv of a stdio server) or ``url`` (streamable HTTP). ``call`` and
     ``list_tools`` block until the server answers; ``restart`` reconnects (a stdio server is
-    started again)."""
+    started again). ``generation`` counts the connections made, so a session can tell that the
+    server it started with was replaced."""
 
     def __init__(
         self,
@@ -77,10 +80,13 @@ class MCPConnection:
             raise EnvError("mcp: give exactly one of command (a stdio server) or url")
         self.command, self.url, self.env = command, url, env
         self.start_timeout_s = start_timeout_s
+        self.generation = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._queue: asyncio.Queue | None = None
         self._served: Future | None = None  # the serving task's end (an error, or None)
+        self._procs: list[Any] = []  # the server processes started (psutil.Process)
+        atexit.register(self.close)  # a stdio server is stopped with the process that started it
 
     # -- lifetime ---------------------------------------------------------------------------------
 
@@ -92,36 +98,51 @@ class MCPConnection:
                 "env mcp needs the mcp package: pip install 'acmrl[mcp]' "
                 f"(importing it failed: {exc})"
             ) from None
-        atexit.register(self.close)  # a stdio server is stopped with the process that started it
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="mcp")
         self._thread.start()
         ready: Future = Future()
+        before = _children()
         self._served = asyncio.run_coroutine_threadsafe(self._serve(ready), self._loop)
         try:
             ready.result(timeout=self.start_timeout_s)
         except FutureTimeout:
+            self._procs = [p for p in _children().values() if p.pid not in before]
             self.close()
             raise EnvError(
                 f"mcp: the server {self._name()} did not start within {self.start_timeout_s} s"
             ) from None
         except Exception as exc:
+            self._procs = [p for p in _children().values() if p.pid not in before]
             self.close()
             raise EnvError(f"mcp: cannot start the server {self._name()}: {_reason(exc)}") from None
+        # the server processes this connection started: stopped for sure on close, even where
+        # the client's own shutdown cannot run (a server that hangs)
+        self._procs = [p for p in _children().values() if p.pid not in before]
+        self.generation += 1
 
     def close(self) -> None:
+        """End the client (a stdio server is stopped); a server that hangs is cancelled."""
         loop, self._loop = self._loop, None
         if loop is None:
             return
+        served, thread = self._served, self._thread
         if self._queue is not None:
             loop.call_soon_threadsafe(self._queue.put_nowait, None)  # ends the serving task
-        if self._served is not None:
+        if served is not None:
             with contextlib.suppress(Exception):  # a dead server may fail its own shutdown
-                self._served.result(timeout=10)
+                served.result(timeout=5)
+            if not served.done():  # hung (in its handshake, or a call): cancel it
+                served.cancel()
+                with contextlib.suppress(Exception):
+                    served.result(timeout=10)
         loop.call_soon_threadsafe(loop.stop)
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        loop.close()
+        if thread is not None:
+            thread.join(timeout=10)
+        if thread is None or not thread.is_alive():
+            loop.close()
+        _stop(self._procs)
+        self._procs = []
         self._queue = self._served = self._thread = None
 
     def restart(self) -> None:
@@ -149,12 +170,17 @@ class MCPConnection:
                     work, done = item
                     try:
                         done.set_result(await work(client))
-                    except BaseException as exc:  # handed to the caller, never lost
-                        done.set_exception(exc if isinstance(exc, Exception) else ServerDown(exc))
+                    except asyncio.CancelledError:
+                        done.set_exception(ServerDown("the connection was closed"))
+                        raise
+                    except Exception as exc:  # handed to the caller, never lost
+                        done.set_exception(exc)
         except BaseException as exc:
             if not ready.done():
-                ready.set_exception(exc if isinstance(exc, Exception) else ServerDown(exc))
+                ready.set_exception(exc if isinstance(exc, Exception) else ServerDown(_reason(exc)))
             self._fail_pending(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
 
     def _fail_pending(self, exc: BaseException) -> None:
         while self._queue is not None and not self._queue.empty():
@@ -163,31 +189,38 @@ class MCPConnection:
                 item[1].set_exception(ServerDown(_reason(exc)))
 
     def _submit(self, work: Any, timeout: float) -> Any:
-        if self._loop is None or self._queue is None:
+        if self._loop is None or self._queue is None or self._served is None:
             raise ServerDown("not connected")
-        if self._served is not None and self._served.done():
+        if self._served.done():
             raise ServerDown("the connection has closed")
         done: Future = Future()
         self._loop.call_soon_threadsafe(self._queue.put_nowait, (work, done))
-        try:
-            return done.result(timeout=timeout)
-        except FutureTimeout:
-            raise
-        except ServerDown:
-            raise
-        except Exception as exc:
-            if self._served is not None and self._served.done():
-                raise ServerDown(_reason(exc)) from None
-            raise
+        # the answer, or the connection's end, whichever comes first
+        wait([done, self._served], timeout=timeout, return_when=FIRST_COMPLETED)
+        if not done.done():
+            if self._served.done():
+                raise ServerDown("the connection has closed")
+            raise FutureTimeout
+        return done.result()
 
     # -- requests ---------------------------------------------------------------------------------
 
     def list_tools(self, timeout: float = 60.0) -> list[dict[str, Any]]:
-        """The server's tools as OpenAI function schemas."""
+        """The server's tools as OpenAI function schemas (every page of the listing)."""
 
         async def work(client: Any) -> list[Any]:
-            return list((await client.list_tools()).tools)
+            tools, cursor = [], None
+            while True:
+                page = await client.list_tools(cursor=cursor)
+                tools += list(page.tools)
+                cursor = getattr(page, "next_cursor", None)
+                if not cursor:
+                    return tools
 
+        try:
+            listed = self._submit(work, timeout)
+        except FutureTimeout:
+            raise EnvError(f"mcp: the server did not list its tools within {timeout} s") from None
         return [
             {
                 "type": "function",
@@ -197,13 +230,13 @@ class MCPConnection:
                     "parameters": t.input_schema or {"type": "object", "properties": {}},
                 },
             }
-            for t in self._submit(work, timeout)
+            for t in listed
         ]
 
     def call(self, name: str, arguments: dict[str, Any], timeout: float) -> tuple[str, bool]:
         """The tool's result as text, and whether the server marked it an error. Raises
-        ``TimeoutError`` past ``timeout`` and :class:`ServerDown` if the server is gone."""
-
+        ``TimeoutError`` past ``timeout``, :class:`ServerDown` if the server is gone and
+        :class:`CallRefused` for any other failure of the call."""
         import anyio
         from mcp.shared.exceptions import MCPError
         from mcp_types.jsonrpc import CONNECTION_CLOSED
@@ -212,17 +245,44 @@ class MCPConnection:
             try:
                 return await asyncio.wait_for(client.call_tool(name, arguments), timeout)
             except MCPError as exc:
-                if exc.code == CONNECTION_CLOSED:
+                # a closed stdio pipe, or an HTTP server that lost the session (restarted)
+                if exc.code == CONNECTION_CLOSED or "session terminated" in exc.message.lower():
                     raise ServerDown(exc.message) from None
                 raise CallRefused(exc.message) from None
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
                 raise ServerDown(_reason(exc)) from None
+            except (TimeoutError, ServerDown):
+                raise
+            except Exception as exc:  # e.g. a result that breaks the tool's own output schema
+                raise CallRefused(_reason(exc)) from None
 
         try:
-            result = self._submit(work, timeout + 5)
-        except FutureTimeout:
+            result = self._submit(work, timeout + 10)
+        except (FutureTimeout, TimeoutError):
             raise TimeoutError(name) from None
         return result_text(result), bool(getattr(result, "is_error", False))
+
+
+def _children() -> dict[int, Any]:
+    """This process's child processes by pid."""
+    import psutil
+
+    return {p.pid: p for p in psutil.Process().children(recursive=False)}
+
+
+def _stop(procs: list[Any], grace: float = 3.0) -> None:
+    """Terminate what is still running of ``procs``, and kill what outlives ``grace``."""
+    import psutil
+
+    alive = [p for p in procs if p.is_running()]
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, left = psutil.wait_procs(alive, timeout=grace)
+    for p in left:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(left, timeout=grace)
 
 
 def result_text(result: Any) -> str:
@@ -248,14 +308,22 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
+#: tool names an arm or the session defines: a server tool of one of these names would be shadowed
+RESERVED = ("answer", "manage_context", "query_memory", "read_memory", "evolve")
+TASK_KEYS = {"id", "prompt", "answer", "answers", "split", "aliases", "answer_set", "evidence"}
+
+
 def read_tasks(path: str | Path) -> dict[str, list[Task]]:
-    """Tasks per split from a JSONL file (module docstring); a bad line is named."""
+    """Tasks per split from a JSONL file (module docstring); a bad line is named. Answers,
+    answer sets and aliases are read as corpus_qa's question files read them."""
+    from acmrl.envs.corpus_qa import _answers
+
     p = Path(path)
     if not p.is_file():
         raise EnvError(f"mcp: tasks file {p} does not exist")
     splits: dict[str, list[Task]] = {}
     seen: set[str] = set()
-    for n, line in enumerate(p.read_text().splitlines(), 1):
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         where = f"mcp: {p}:{n}"
@@ -265,36 +333,46 @@ def read_tasks(path: str | Path) -> dict[str, list[Task]]:
             raise EnvError(f"{where}: not JSON ({exc.msg})") from None
         if not isinstance(row, dict):
             raise EnvError(f"{where}: a task is a JSON object")
-        prompt, answer = row.get("prompt"), row.get("answer")
+        if unknown := sorted(set(row) - TASK_KEYS):
+            raise EnvError(f"{where}: unknown key(s) {unknown}; a task has {sorted(TASK_KEYS)}")
+        prompt = row.get("prompt")
         if not isinstance(prompt, str) or not prompt.strip():
             raise EnvError(f"{where}: 'prompt' must be a non-empty string")
-        ok = isinstance(answer, str) or (
-            isinstance(answer, list) and answer and all(isinstance(a, str) for a in answer)
-        )
-        if not ok:
-            raise EnvError(f"{where}: 'answer' must be a string or a list of strings")
+        if row.get("answer", row.get("answers")) in (None, "", []):
+            raise EnvError(f"{where}: 'answer' is required and must not be empty")
+        answer, answer_set, aliases = _answers(p, n, row)
+        items = [answer] if isinstance(answer, str) else answer
+        if not items or any(not str(a).strip() for a in items):
+            raise EnvError(f"{where}: 'answer' must not be empty")
         evidence = row.get("evidence", [])
         if not isinstance(evidence, list) or not all(isinstance(e, str) for e in evidence):
             raise EnvError(f"{where}: 'evidence' must be a list of strings")
-        tid = str(row.get("id", f"line{n}"))
-        if tid in seen:
-            raise EnvError(f"{where}: task id {tid!r} is used twice")
-        seen.add(tid)
-        meta = {k: row[k] for k in ("aliases", "answer_set") if k in row}
-        meta["evidence"] = evidence
-        splits.setdefault(str(row.get("split", "eval")), []).append(
-            Task(tid, prompt.strip(), answer, meta)
-        )
+        tid, split = row.get("id", f"line{n}"), row.get("split", "eval")
+        if not isinstance(tid, str | int) or isinstance(tid, bool) or not str(tid).strip():
+            raise EnvError(f"{where}: 'id' must be a non-empty string or an integer")
+        if not isinstance(split, str) or not split.strip():
+            raise EnvError(f"{where}: 'split' must be a non-empty string")
+        if str(tid) in seen:
+            raise EnvError(f"{where}: task id {str(tid)!r} is used twice")
+        seen.add(str(tid))
+        meta: dict[str, Any] = {"evidence": evidence}
+        if answer_set:
+            meta["answer_set"] = True
+        if aliases:
+            meta["aliases"] = aliases
+        splits.setdefault(split, []).append(Task(str(tid), prompt.strip(), answer, meta))
     if not splits:
         raise EnvError(f"mcp: {p} holds no task")
     return splits
 
 
 class MCPSession(Session):
-    """A session whose environment calls go to the MCP server; ``incidents`` lists the server
-    restarts the episode went through."""
+    """A session whose environment calls go to the MCP server. ``incidents`` lists what
+    happened to the server during the episode (a restart it caused or saw); ``generation`` is
+    the connection its first call went to."""
 
     incidents: list[str]
+    generation: int | None
 
 
 class MCPEnv(Environment):
@@ -309,6 +387,8 @@ class MCPEnv(Environment):
         url: str | None = None,
         metric: str = "em",
         timeout_s: float = 30.0,
+        start_timeout_s: float = 60.0,
+        max_restarts: int = 3,
         server_env: dict[str, str] | None = None,
         max_context_tokens: int | None = None,
         judge: Any = None,
@@ -320,21 +400,34 @@ class MCPEnv(Environment):
             raise EnvError("mcp: command is empty")
         self._tasks = read_tasks(tasks)
         self.timeout_s = float(timeout_s)
+        self.max_restarts = int(max_restarts)
         self.max_context_tokens = max_context_tokens
-        self.connection = MCPConnection(command, url, env=server_env)
+        self.connection = MCPConnection(
+            command, url, env=server_env, start_timeout_s=float(start_timeout_s)
+        )
         self.connection.start()
-        self._tools = self.connection.list_tools()
-        names = [t["function"]["name"] for t in self._tools]
-        if "answer" in names:
-            raise EnvError("mcp: the server has a tool named 'answer', which acmrl reserves")
-        self.restarts = 0
+        try:
+            self._tools = self.connection.list_tools()
+            if shadowed := [
+                t["function"]["name"] for t in self._tools if t["function"]["name"] in RESERVED
+            ]:
+                raise EnvError(
+                    f"mcp: the server has tool(s) {shadowed}, whose names acmrl's arms use "
+                    f"({', '.join(RESERVED)}); rename them on the server"
+                )
+        except BaseException:
+            self.connection.close()
+            raise
+        self.restarts = 0  # restarts made
+        self.failed_restarts = 0  # in a row; past max_restarts the server is given up
+        self.down: str | None = None  # why the server was given up
 
     def tools(self) -> list[dict[str, Any]]:
         return [dict(t) for t in self._tools]
 
     def session(self, task: Task) -> Session:
         session = MCPSession(task, self.tools(), {}, lambda a: self.score(task, a))
-        session.incidents = []
+        session.incidents, session.generation = [], None
         session._handlers = self._handlers_for(session)
         return session
 
@@ -348,7 +441,23 @@ class MCPEnv(Environment):
         return {t["function"]["name"]: handler(t["function"]["name"]) for t in self._tools}
 
     def _call(self, session: MCPSession, name: str, arguments: dict[str, Any]) -> str:
+        try:
+            return self._run(session, name, arguments)
+        except ToolError:
+            raise
+        except Exception as exc:  # whatever else goes wrong is an observation, never a crash
+            raise ToolError(f"{name}: {_reason(exc)}") from None
+
+    def _run(self, session: MCPSession, name: str, arguments: dict[str, Any]) -> str:
         for attempt in (1, 2):
+            if self.down is not None:
+                raise ToolError(f"the tool server is down ({self.down})")
+            generation = self.connection.generation
+            if session.generation is None:
+                session.generation = generation
+            elif session.generation != generation:  # another episode's call restarted it
+                session.incidents.append(f"{name}: the server was restarted during the episode")
+                session.generation = generation
             try:
                 text, error = self.connection.call(name, arguments, self.timeout_s)
             except TimeoutError:
@@ -358,19 +467,31 @@ class MCPEnv(Environment):
             except ServerDown as exc:
                 if attempt == 2:
                     raise ToolError(f"the tool server stopped answering ({exc})") from None
-                session.incidents.append(f"{name}: the server stopped ({exc}); restarted")
-                self.restarts += 1
-                try:
-                    self.connection.restart()
-                except EnvError as again:
-                    raise ToolError(
-                        f"the tool server stopped and did not restart ({again})"
-                    ) from None
+                self._restart(session, name, _reason(exc))
                 continue
             if error:
                 raise ToolError(text)
             return text
         raise AssertionError("unreachable")
+
+    def _restart(self, session: MCPSession, name: str, why: str) -> None:
+        """Start the server again after it stopped; after ``max_restarts`` failures in a row it
+        is given up: later calls answer at once that it is down."""
+        try:
+            self.connection.restart()
+        except EnvError as again:
+            self.failed_restarts += 1
+            session.incidents.append(f"{name}: the server stopped ({why}); no restart ({again})")
+            if self.failed_restarts >= self.max_restarts:
+                self.down = f"{self.failed_restarts} restarts failed; the last: {again}"
+                warnings.warn(
+                    f"mcp: {self.down}; later calls get an Error: observation", stacklevel=2
+                )
+            raise ToolError(f"the tool server stopped and did not restart ({again})") from None
+        self.restarts += 1
+        self.failed_restarts = 0
+        session.incidents.append(f"{name}: the server stopped ({why}); restarted")
+        session.generation = self.connection.generation
 
     def oracle_plan(self, task: Task) -> Plan:
         raise NotImplementedError(
@@ -381,11 +502,6 @@ class MCPEnv(Environment):
     def answer_evidence(self, task: Task) -> list[Evidence]:
         given = task.metadata.get("evidence") or []
         return [Evidence(e) for e in given] or super().answer_evidence(task)
-
-    def key_terms(self, task: Task) -> list[str]:
-        answers = task.answer if isinstance(task.answer, list) else [task.answer]
-        terms = [*(task.metadata.get("evidence") or []), *answers]
-        return list(dict.fromkeys(t.strip() for t in terms if len(t.strip()) >= 2))
 
     def close(self) -> None:
         self.connection.close()

@@ -58,6 +58,7 @@ def settings(cfg: AuditConfig) -> dict[str, Any]:
         "agent": dataclasses.asdict(cfg.agent),
         "env": {"name": cfg.env.name, "options": cfg.env.options, "split": cfg.env.split},
         "tokenizer": cfg.model.name,
+        "model_tokens": cfg.model_tokens,  # what the model row's turns may generate
     }
 
 
@@ -116,7 +117,7 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     tasks = env.tasks(cfg.env.split)[: cfg.env.limit]
     if not tasks:
         raise ValueError(f"{cfg.env.name} split {cfg.env.split!r} has no tasks")
-    no_plan = env.has_plan(tasks[0])
+    no_plan = env.has_plan(*tasks)  # a mixture may hold tasks with and without one
     chosen = strategies(cfg, planned=no_plan is None)
     train = env.tasks("train") if "train" in env.splits else tasks
     answers = [(t.id, answer_text(t)) for t in train]

@@ -120,6 +120,8 @@ def episode_row(t: Trajectory, budget: int, needs: Needs | None = None) -> dict[
         ),
         "failed_edits": sum(not e.applied and e.kind != "query_memory" for e in events),
         "compaction_cost": float(m.get("compaction_cost", 0.0)),
+        # what happened to the environment outside the policy (an MCP server restarted)
+        "env_incidents": int(m.get("env_incidents", 0)),
         "compaction_at": t.compaction_points(budget),
         "cost_call_tokens": sum(e.call_tokens for e in events),
         "cost_helper_tokens": sum(e.helper_tokens for e in events),
@@ -269,6 +271,7 @@ def arm_summary(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
         "compress_loops": sum(r.get("compress_loops", 0) for r in rows) / n if n else 0.0,
         "failed_edits": sum(r.get("failed_edits", 0) for r in rows) / n if n else 0.0,
         "compaction_cost": _mean(rows, "compaction_cost"),
+        "env_incidents": sum(bool(r.get("env_incidents")) for r in rows),
         "compaction_cost_budget": sum(r["compaction_cost"] / r["budget"] for r in rows) / n
         if n
         else 0.0,
@@ -410,6 +413,12 @@ def reading_notes(report: dict[str, Any]) -> list[str]:
                 "different lengths."
             )
     for a, s in arms.items():
+        if s.get("env_incidents"):
+            notes.append(
+                f"{a}: {s['env_incidents']} episode(s) went through a tool-server restart "
+                "(`env_incidents` in episodes.csv); their outcome may be the tools', not the "
+                "policy's."
+            )
         if s["overflow"] > 0:
             notes.append(
                 f"{a} overflowed in {s['overflow']:.0%} of episodes. An overflowing input is never "

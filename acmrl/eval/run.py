@@ -191,6 +191,7 @@ EPISODE_FIELDS = [
     "archive_detail",
     "failure",
     "needs_known",
+    "env_incidents",
     "wall_s",
 ]
 

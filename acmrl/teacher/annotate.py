@@ -230,7 +230,7 @@ def run_annotate(cfg: AnnotateConfig, engine: Engine | None = None) -> dict[str,
     env = build_environment(cfg.env)
     every = env.tasks(cfg.env.split)[: cfg.env.limit]
     scripted = cfg.demonstrations or cfg.teacher.kind == "oracle"
-    if every and scripted and (why := env.has_plan(every[0])) is not None:
+    if every and scripted and (why := env.has_plan(*every)) is not None:
         needs = "demonstrations=true" if cfg.demonstrations else "teacher.kind=oracle"
         raise ValueError(
             f"{needs} needs the environment's expert plan, and {cfg.env.name} has none "

@@ -485,6 +485,8 @@ class GRPOTrainer:
             if a == 0.0 and cfg.skip_flat_groups and cfg.kl_coef == 0:
                 flat += ep.id not in self.branch_ids  # whole episodes, as rollout/episodes
                 continue
+            if ep.traj.metrics.get("env_incidents"):  # its tools failed it (a server restart):
+                continue  # its reward says nothing of the policy
             own = [
                 s
                 for s in trajectory_samples(
