@@ -39,6 +39,7 @@ from acmrl.train.decisions import (
     branch_id,
     branch_scripts,
     decision_states,
+    live_calls,
     mark_branch,
     pick_decision,
     policy_turns,
@@ -74,12 +75,13 @@ def live_prompt_tokens(trajs, starts) -> int:
     return total
 
 
-def generated(trajs) -> int:
+def generated(trajs, starts) -> int:
+    """Tokens generated from each trajectory's start turn on (a branch's replayed turns were
+    played back, not generated)."""
     return sum(
         len(c.completion_ids)
-        for t in trajs
-        for s in t.steps
-        for c in ([s.call] if s.call else []) + list(s.helper_calls)
+        for t, start in zip(trajs, starts, strict=True)
+        for c in live_calls(t, start)
     )
 
 
@@ -145,7 +147,8 @@ def main() -> None:
         )
         starts = [d.turn for src, d in _each(picks, args)]
         prompt = live_prompt_tokens([e.traj for e in eps], starts)
-        rows.append((name, prompt, engine.prefilled_tokens, generated([e.traj for e in eps]), wall))
+        made = generated([e.traj for e in eps], starts)
+        rows.append((name, prompt, engine.prefilled_tokens, made, wall))
         print(f"{name}: {ok}/{len(eps)} branches replayed exactly")
     engine = HFEngine(model, tok)
     whole = [
@@ -162,7 +165,7 @@ def main() -> None:
             "(d) whole episodes instead",
             prompt,
             engine.prefilled_tokens,
-            generated([e.traj for e in whole]),
+            generated([e.traj for e in whole], [0] * len(whole)),
             wall,
         )
     )
