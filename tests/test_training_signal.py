@@ -188,7 +188,7 @@ def test_lr_schedule_counts_optimiser_updates(tmp_path, tiny_model_dir):
     assert trainer.sched.last_epoch == 2
     assert metrics["lr"] == pytest.approx(5e-3)
     # a step whose groups are all flat takes no optimiser step, but its updates still count
-    trainer.samples = lambda episodes, adv: ([], [], len(episodes))
+    trainer.samples = lambda episodes, adv: ([], [], [], len(episodes))
     trainer.step(1)
     assert trainer.sched.last_epoch == 4 and trainer.sched.get_last_lr()[0] == pytest.approx(0.0)
 
