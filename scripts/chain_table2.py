@@ -248,6 +248,18 @@ def check_settings(out: Path, now: dict[str, object], write: bool = True) -> Non
         path.write_text(json.dumps(now))
 
 
+def write_stages(stages: dict[str, object], folder: Path) -> None:
+    """Write each stage's config to ``folder/<name>.yaml`` and load it back as its command
+    would: a bad value stops here, naming the stage, before any stage starts."""
+    for name, cfg in stages.items():
+        path = folder / f"{name}.yaml"
+        path.write_text(_yaml(cfg))
+        try:
+            load_config(type(cfg), path)
+        except ConfigError as exc:
+            raise SystemExit(f"{name}: {exc}") from None
+
+
 def acmrl(*args: str) -> None:
     cmd = [sys.executable, "-m", "acmrl.cli", *args]
     print("$", " ".join(cmd), flush=True)
@@ -295,13 +307,7 @@ def main() -> None:
     stages = configs(args.out, args.seeds, eval_arms=args.eval_arms, **settings)
     # a bad --agent value is refused here, before the run is pinned to it or a stage starts
     with tempfile.TemporaryDirectory() as tmp:
-        for name, cfg in stages.items():
-            path = Path(tmp) / f"{name}.yaml"
-            path.write_text(_yaml(cfg))
-            try:
-                load_config(type(cfg), path)
-            except ConfigError as exc:
-                raise SystemExit(f"{name}: {exc}") from None
+        write_stages(stages, Path(tmp))
     check_settings(args.out, settings, write=not args.dry_run)
     for name, cfg in stages.items():
         (cfg_dir / f"{name}.yaml").write_text(_yaml(cfg))

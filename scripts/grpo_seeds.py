@@ -49,6 +49,7 @@ from chain_table2 import (
     chain_env,
     check_settings,
     parse_agent,
+    write_stages,
 )
 
 from acmrl.config import ConfigError, DemoConfig, GRPOConfig, load_config
@@ -217,13 +218,7 @@ def main() -> None:
     stages = configs(args.out, **settings)  # type: ignore[arg-type]
     cfg_dir = args.out / "configs"
     cfg_dir.mkdir(parents=True, exist_ok=True)
-    for name, cfg in stages.items():
-        path = cfg_dir / f"{name}.yaml"
-        path.write_text(_yaml(cfg))
-        try:
-            load_config(type(cfg), path)
-        except ConfigError as exc:
-            raise SystemExit(f"{name}: {exc}") from None
+    write_stages(stages, cfg_dir)
     check_settings(args.out, settings, write=not args.dry_run)
     if args.dry_run:
         print(f"configs: {cfg_dir}")

@@ -487,14 +487,12 @@ class GRPOTrainer:
                 continue
             if ep.traj.metrics.get("env_incidents"):  # its tools failed it (a server restart):
                 continue  # its reward says nothing of the policy
-            own = [
-                s
-                for s in trajectory_samples(
-                    ep.traj, helpers=cfg.train_helpers, turns=self.credit.get(ep.id)
-                )
-                if any(s.loss_mask[1 : cfg.max_len])
-            ]
-            targets = [sum(s.loss_mask[1 : cfg.max_len]) for s in own]
+            made = trajectory_samples(
+                ep.traj, helpers=cfg.train_helpers, turns=self.credit.get(ep.id)
+            )
+            counted = [(s, sum(s.loss_mask[1 : cfg.max_len])) for s in made]
+            own = [s for s, n in counted if n]
+            targets = [n for _, n in counted if n]
             samples += own
             sample_adv += [a] * len(own)
             coefs += segment_coefficients(targets, cfg.aggregation, cfg.segment_weight)
