@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,7 @@ def test_bad_task_files_and_options_are_named(tmp_path):
         load("mcp", tasks=TASKS)
     with pytest.raises(EnvError, match="cannot start the server"):
         load("mcp", tasks=TASKS, command=[sys.executable, "-c", "raise SystemExit(3)"])
-    with pytest.raises(EnvError, match=r"tool\(s\) \['evolve'\], whose names acmrl's arms use"):
+    with pytest.raises(EnvError, match=r"a tool 'evolve', a name acmrl's arms use"):
         load("mcp", tasks=TASKS, command=[*SERVER, "--extra-tool", "evolve"])
 
 
@@ -118,17 +119,26 @@ def test_a_server_that_cannot_restart_is_given_up_not_retried_forever(tmp_path):
         os.kill(int(pid.read_text()), signal.SIGKILL)
         for _ in range(2):
             assert "did not restart" in s.call("search", {"query": "heap"})
-        assert len(s.incidents) == 2 and env.down is not None
+        assert len(s.incidents) == 2 and env.down
         assert s.call("search", {"query": "heap"}).startswith("Error: the tool server is down")
     finally:
         env.close()
 
 
-def reader(tasks: dict[str, str], kill: Path | None = None):
+def reader(tasks: dict[str, str], kill: Path | Callable[[], None] | None = None, prefix: str = ""):
     """A scripted policy: search with the question, read the top hit, compact (acm), answer
-    with the reference. With ``kill`` (a pid file), it kills the server between its search and
-    its read, once."""
+    with the reference. With ``kill`` (a pid file, or a function), it kills the server between
+    its search and its read, once. ``prefix`` goes before the server's tool names."""
     turns: dict[str, int] = {}
+    if isinstance(kill, Path):
+        pid_file = kill
+
+        def kill() -> None:
+            if pid_file.exists():
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+                pid_file.unlink()
+
+    killed = []
 
     def reply(session_id: str, prompt: str) -> str:
         if session_id.endswith("/summariser"):
@@ -136,13 +146,13 @@ def reader(tasks: dict[str, str], kill: Path | None = None):
         n = turns[session_id] = turns.get(session_id, -1) + 1
         question = next(q for q in tasks if q in prompt)
         if n == 0:
-            return format_tool_call("search", {"query": question})
+            return format_tool_call(prefix + "search", {"query": question})
         if n == 1:
-            if kill is not None and kill.exists():
-                os.kill(int(kill.read_text()), signal.SIGKILL)
-                kill.unlink()  # once
+            if kill is not None and not killed:
+                kill()
+                killed.append(True)  # once
             top = re.findall(r"\[([a-z_]+)\] \1\b", prompt)[0]  # search shows "[id] id"
-            return format_tool_call("read", {"doc_id": top})
+            return format_tool_call(prefix + "read", {"doc_id": top})
         if n == 2 and "#acm#" in session_id:
             return format_tool_call("manage_context", {})
         return format_tool_call("answer", {"text": tasks[question]})

@@ -1,7 +1,8 @@
 """Task suites behind one small protocol (see :mod:`acmrl.envs.base`).
 
 ``load(name, **options)`` builds an environment: a built-in name (``kb_search``, ``code_nav``,
-``corpus_qa``, ``mixture``, several of them as one, and ``mcp``, the tools of an MCP server) or
+``corpus_qa``, ``mixture``, several of them as one, ``mcp``, the tools of an MCP server, and ``verifiers``, an environment built with the
+``verifiers`` package) or
 a dotted path ``package.module:Class``
 to your own :class:`Environment` subclass.
 
@@ -28,6 +29,7 @@ BUILTINS = {
     "corpus_qa": "acmrl.envs.corpus_qa:CorpusQA",
     "mixture": "acmrl.envs.mixture:Mixture",
     "mcp": "acmrl.envs.mcp:MCPEnv",
+    "verifiers": "acmrl.envs.verifiers_env:VerifiersEnv",
 }
 
 __all__ = ["BUILTINS", "EnvError", "Environment", "Plan", "Session", "Task", "ToolError", "load"]

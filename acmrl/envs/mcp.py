@@ -110,12 +110,12 @@ class MCPConnection:
             self._procs = [p for p in _children().values() if p.pid not in before]
             self.close()
             raise EnvError(
-                f"mcp: the server {self._name()} did not start within {self.start_timeout_s} s"
+                f"mcp: the server {self.label} did not start within {self.start_timeout_s} s"
             ) from None
         except Exception as exc:
             self._procs = [p for p in _children().values() if p.pid not in before]
             self.close()
-            raise EnvError(f"mcp: cannot start the server {self._name()}: {_reason(exc)}") from None
+            raise EnvError(f"mcp: cannot start the server {self.label}: {_reason(exc)}") from None
         # the server processes this connection started: stopped for sure on close, even where
         # the client's own shutdown cannot run (a server that hangs)
         self._procs = [p for p in _children().values() if p.pid not in before]
@@ -149,18 +149,22 @@ class MCPConnection:
         self.close()
         self.start()
 
-    def _name(self) -> str:
+    @property
+    def label(self) -> str:
+        """The server, as messages name it."""
         return self.url or shlex.join(self.command or [])
 
     async def _serve(self, ready: Future) -> None:
         """Hold the client open; run the queued calls one by one in this task (the client's
         context must be entered and left by one task)."""
         from mcp import Client, StdioServerParameters
+        from mcp.client.stdio import stdio_client
 
         target: Any = self.url
         if self.command is not None:
-            target = StdioServerParameters(
-                command=self.command[0], args=self.command[1:], env=self.env
+            # a transport rather than the parameters: mcp 2.0 (verifiers' pin) takes only that
+            target = stdio_client(
+                StdioServerParameters(command=self.command[0], args=self.command[1:], env=self.env)
             )
         self._queue = asyncio.Queue()
         try:
@@ -367,15 +371,142 @@ def read_tasks(path: str | Path) -> dict[str, list[Task]]:
 
 
 class MCPSession(Session):
-    """A session whose environment calls go to the MCP server. ``incidents`` lists what
-    happened to the server during the episode (a restart it caused or saw); ``generation`` is
-    the connection its first call went to."""
+    """A session whose environment calls go to the MCP server(s). ``incidents`` lists what
+    happened to a server during the episode (a restart it caused or saw); ``generations`` holds
+    the connection each server's first call went to."""
 
     incidents: list[str]
-    generation: int | None
+    generations: dict[int, int]
 
 
-class MCPEnv(Environment):
+class ServedTools(Environment):
+    """The tools of one or more MCP connections, as an environment's tools: the routing of a
+    tool name to its server, restarts, and every failure turned into an ``Error:`` observation.
+    :class:`MCPEnv` has one server; ``env.name=verifiers`` one per toolset."""
+
+    timeout_s: float = 30.0
+    max_restarts: int = 3
+
+    def _open(self, servers: list[tuple[MCPConnection, str]]) -> None:
+        """Start each ``(connection, prefix)`` and list its tools; a tool is offered as
+        ``prefix_name`` (bare with an empty prefix). Every connection is closed on failure."""
+        self.connections = [c for c, _ in servers]
+        self._route: dict[str, tuple[int, str]] = {}
+        self._tools: list[dict[str, Any]] = []
+        self.restarts = 0  # restarts made
+        self.failed_restarts: dict[int, int] = {}  # in a row, per server
+        self.down: dict[int, str] = {}  # the servers given up, and why
+        try:
+            for i, (conn, prefix) in enumerate(servers):
+                conn.start()
+                for tool in conn.list_tools():
+                    raw = tool["function"]["name"]
+                    name = f"{prefix}_{raw}" if prefix else raw
+                    if name in RESERVED:
+                        raise EnvError(
+                            f"{self.name}: the server {conn.label} has a tool {name!r}, a name "
+                            f"acmrl's arms use ({', '.join(RESERVED)}); rename it on the server"
+                        )
+                    if name in self._route:
+                        raise EnvError(f"{self.name}: two servers offer a tool named {name!r}")
+                    self._route[name] = (i, raw)
+                    self._tools.append({**tool, "function": {**tool["function"], "name": name}})
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop every server this environment started."""
+        for conn in getattr(self, "connections", []):
+            conn.close()
+
+    @property
+    def connection(self) -> MCPConnection:
+        """The first server's connection (the only one of an ``mcp`` environment)."""
+        return self.connections[0]
+
+    def tools(self) -> list[dict[str, Any]]:
+        return [dict(t) for t in self._tools]
+
+    def answer_evidence(self, task: Task) -> list[Evidence]:
+        """The task's ``evidence`` sentences, when it gives them; else the answer."""
+        given = task.metadata.get("evidence") or []
+        return [Evidence(e) for e in given] or super().answer_evidence(task)
+
+    def session(self, task: Task) -> Session:
+        session = MCPSession(task, self.tools(), {}, lambda a: self.score(task, a))
+        session.incidents, session.generations = [], {}
+        session._handlers = self._handlers_for(session)
+        return session
+
+    def _handlers(self, task: Task) -> dict[str, Handler]:  # sessions build their own
+        raise NotImplementedError
+
+    def _handlers_for(self, session: MCPSession) -> dict[str, Handler]:
+        def handler(name: str) -> Handler:
+            return lambda **arguments: self._call(session, name, arguments)
+
+        return {t["function"]["name"]: handler(t["function"]["name"]) for t in self._tools}
+
+    def _call(self, session: MCPSession, name: str, arguments: dict[str, Any]) -> str:
+        try:
+            return self._run(session, name, arguments)
+        except ToolError:
+            raise
+        except Exception as exc:  # whatever else goes wrong is an observation, never a crash
+            raise ToolError(f"{name}: {_reason(exc)}") from None
+
+    def _run(self, session: MCPSession, name: str, arguments: dict[str, Any]) -> str:
+        i, raw = self._route[name]
+        conn = self.connections[i]
+        for attempt in (1, 2):
+            if i in self.down:
+                raise ToolError(f"the tool server is down ({self.down[i]})")
+            generation = conn.generation
+            if i not in session.generations:
+                session.generations[i] = generation
+            elif session.generations[i] != generation:  # another episode's call restarted it
+                session.incidents.append(f"{name}: the server was restarted during the episode")
+                session.generations[i] = generation
+            try:
+                text, error = conn.call(raw, arguments, self.timeout_s)
+            except TimeoutError:
+                raise ToolError(f"{name} did not answer within {self.timeout_s:g} s") from None
+            except CallRefused as exc:
+                raise ToolError(f"{name}: {exc}") from None
+            except ServerDown as exc:
+                if attempt == 2:
+                    raise ToolError(f"the tool server stopped answering ({exc})") from None
+                self._restart(session, i, name, _reason(exc))
+                continue
+            if error:
+                raise ToolError(text)
+            return text
+        raise AssertionError("unreachable")
+
+    def _restart(self, session: MCPSession, i: int, name: str, why: str) -> None:
+        """Start server ``i`` again after it stopped; after ``max_restarts`` failures in a row it
+        is given up: later calls answer at once that it is down."""
+        conn = self.connections[i]
+        try:
+            conn.restart()
+        except EnvError as again:
+            self.failed_restarts[i] = self.failed_restarts.get(i, 0) + 1
+            session.incidents.append(f"{name}: the server stopped ({why}); no restart ({again})")
+            if self.failed_restarts[i] >= self.max_restarts:
+                self.down[i] = f"{self.failed_restarts[i]} restarts failed; the last: {again}"
+                warnings.warn(
+                    f"{self.name}: {self.down[i]}; later calls get an Error: observation",
+                    stacklevel=2,
+                )
+            raise ToolError(f"the tool server stopped and did not restart ({again})") from None
+        self.restarts += 1
+        self.failed_restarts[i] = 0
+        session.incidents.append(f"{name}: the server stopped ({why}); restarted")
+        session.generations[i] = conn.generation
+
+
+class MCPEnv(ServedTools):
     """The tools of an MCP server and a JSONL task set (module docstring)."""
 
     name = "mcp"
@@ -402,106 +533,11 @@ class MCPEnv(Environment):
         self.timeout_s = float(timeout_s)
         self.max_restarts = int(max_restarts)
         self.max_context_tokens = max_context_tokens
-        self.connection = MCPConnection(
-            command, url, env=server_env, start_timeout_s=float(start_timeout_s)
-        )
-        self.connection.start()
-        try:
-            self._tools = self.connection.list_tools()
-            if shadowed := [
-                t["function"]["name"] for t in self._tools if t["function"]["name"] in RESERVED
-            ]:
-                raise EnvError(
-                    f"mcp: the server has tool(s) {shadowed}, whose names acmrl's arms use "
-                    f"({', '.join(RESERVED)}); rename them on the server"
-                )
-        except BaseException:
-            self.connection.close()
-            raise
-        self.restarts = 0  # restarts made
-        self.failed_restarts = 0  # in a row; past max_restarts the server is given up
-        self.down: str | None = None  # why the server was given up
-
-    def tools(self) -> list[dict[str, Any]]:
-        return [dict(t) for t in self._tools]
-
-    def session(self, task: Task) -> Session:
-        session = MCPSession(task, self.tools(), {}, lambda a: self.score(task, a))
-        session.incidents, session.generation = [], None
-        session._handlers = self._handlers_for(session)
-        return session
-
-    def _handlers(self, task: Task) -> dict[str, Handler]:  # sessions build their own
-        raise NotImplementedError
-
-    def _handlers_for(self, session: MCPSession) -> dict[str, Handler]:
-        def handler(name: str) -> Handler:
-            return lambda **arguments: self._call(session, name, arguments)
-
-        return {t["function"]["name"]: handler(t["function"]["name"]) for t in self._tools}
-
-    def _call(self, session: MCPSession, name: str, arguments: dict[str, Any]) -> str:
-        try:
-            return self._run(session, name, arguments)
-        except ToolError:
-            raise
-        except Exception as exc:  # whatever else goes wrong is an observation, never a crash
-            raise ToolError(f"{name}: {_reason(exc)}") from None
-
-    def _run(self, session: MCPSession, name: str, arguments: dict[str, Any]) -> str:
-        for attempt in (1, 2):
-            if self.down is not None:
-                raise ToolError(f"the tool server is down ({self.down})")
-            generation = self.connection.generation
-            if session.generation is None:
-                session.generation = generation
-            elif session.generation != generation:  # another episode's call restarted it
-                session.incidents.append(f"{name}: the server was restarted during the episode")
-                session.generation = generation
-            try:
-                text, error = self.connection.call(name, arguments, self.timeout_s)
-            except TimeoutError:
-                raise ToolError(f"{name} did not answer within {self.timeout_s:g} s") from None
-            except CallRefused as exc:
-                raise ToolError(f"{name}: {exc}") from None
-            except ServerDown as exc:
-                if attempt == 2:
-                    raise ToolError(f"the tool server stopped answering ({exc})") from None
-                self._restart(session, name, _reason(exc))
-                continue
-            if error:
-                raise ToolError(text)
-            return text
-        raise AssertionError("unreachable")
-
-    def _restart(self, session: MCPSession, name: str, why: str) -> None:
-        """Start the server again after it stopped; after ``max_restarts`` failures in a row it
-        is given up: later calls answer at once that it is down."""
-        try:
-            self.connection.restart()
-        except EnvError as again:
-            self.failed_restarts += 1
-            session.incidents.append(f"{name}: the server stopped ({why}); no restart ({again})")
-            if self.failed_restarts >= self.max_restarts:
-                self.down = f"{self.failed_restarts} restarts failed; the last: {again}"
-                warnings.warn(
-                    f"mcp: {self.down}; later calls get an Error: observation", stacklevel=2
-                )
-            raise ToolError(f"the tool server stopped and did not restart ({again})") from None
-        self.restarts += 1
-        self.failed_restarts = 0
-        session.incidents.append(f"{name}: the server stopped ({why}); restarted")
-        session.generation = self.connection.generation
+        conn = MCPConnection(command, url, env=server_env, start_timeout_s=float(start_timeout_s))
+        self._open([(conn, "")])
 
     def oracle_plan(self, task: Task) -> Plan:
         raise NotImplementedError(
             "mcp environments have no expert plan: use the LLM teacher (teacher.kind=llm), "
             "which reviews runs against the task's answer and evidence"
         )
-
-    def answer_evidence(self, task: Task) -> list[Evidence]:
-        given = task.metadata.get("evidence") or []
-        return [Evidence(e) for e in given] or super().answer_evidence(task)
-
-    def close(self) -> None:
-        self.connection.close()

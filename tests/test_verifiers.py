@@ -1,0 +1,214 @@
+"""env.name=verifiers on a real verifiers environment (tests/fixtures/vf_envs/docs_qa: a v1
+Taskset whose toolset verifiers itself serves over MCP): its tools and rubric become the
+environment's, acmrl eval runs it in react and acm, a killed toolset server is restarted, and
+what acmrl cannot run is refused by name."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from acmrl.config import EvalConfig
+from acmrl.engines.scripted import ScriptedEngine
+from acmrl.envs import EnvError, load
+from acmrl.eval.run import run_eval
+from acmrl.rollout.worker import read_trajectories
+from tests.test_mcp import reader
+
+pytest.importorskip("verifiers.v1")
+psutil = pytest.importorskip("psutil")
+
+ENVS = str(Path(__file__).resolve().parent / "fixtures" / "vf_envs")
+
+
+@pytest.fixture(scope="module")
+def env():
+    e = load("verifiers", taskset="docs_qa", path=ENVS, timeout_s=5)
+    yield e
+    e.close()
+
+
+def servers() -> list:
+    """The toolset servers this process started (verifiers runs ``python -m docs_qa.tools``)."""
+    return [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if "docs_qa.tools" in " ".join(p.cmdline())
+    ]
+
+
+def test_the_tasksets_tasks_tools_and_rubric_are_the_environments(env):
+    assert env.splits == ["train", "eval"]
+    assert len(env.tasks("train")) == 4 and len(env.tasks("eval")) == 4
+    names = sorted(t["function"]["name"] for t in env.tools())
+    assert names == ["docs_read", "docs_search"]  # named as verifiers names them
+    params = {t["function"]["name"]: t["function"]["parameters"] for t in env.tools()}
+    assert params["docs_read"]["required"] == ["doc_id"]
+    task = env.tasks("train")[0]
+    assert task.id == "calendar-first-day" and task.answer == "Monday"
+    assert [e.text for e in env.answer_evidence(task)] == [
+        "these calendars have Monday as the first day of the week"
+    ]
+    s = env.session(task)
+    assert s.call("docs_search", {"query": "calendar first day"}).startswith("[calendar]")
+    assert "Monday" in s.call("docs_read", {"doc_id": "calendar"})
+    assert s.call("docs_read", {"doc_id": "nope"}).startswith("Error:")
+    assert s.call("read", {"doc_id": "calendar"}).startswith("Error: unknown tool")
+    # the score is the task's own reward (normalised exact match), not acmrl's metric
+    assert env.score(task, "monday.") == 1.0 and env.score(task, "Monday is first") == 0.0
+    assert env.score(task, None) == 0.0
+    trace = env.trace(task, "Monday")
+    assert trace.last_reply == "Monday" and trace.task.data.answer == "Monday"
+    with pytest.raises(NotImplementedError, match="no expert plan"):
+        env.oracle_plan(task)
+
+
+def test_splits_limit_and_bad_options_are_named(tmp_path):
+    with pytest.raises(EnvError, match="cannot load the taskset 'no_such_taskset'"):
+        load("verifiers", taskset="no_such_taskset", path=ENVS)
+    with pytest.raises(EnvError, match=r"(?s)bad config for the taskset 'docs_qa'.*tasks_fil"):
+        load("verifiers", taskset="docs_qa", path=ENVS, config={"tasks_fil": "x"})
+    with pytest.raises(EnvError, match=r"path .* is not a folder"):
+        load("verifiers", taskset="docs_qa", path=str(tmp_path / "missing"))
+    with pytest.raises(EnvError, match=r"splits.dev is 'first'; give a slice"):
+        load("verifiers", taskset="docs_qa", path=ENVS, splits={"dev": "first"})
+    with pytest.raises(EnvError, match=r"split\(s\) \['test'\] hold no task of 3"):
+        load("verifiers", taskset="docs_qa", path=ENVS, limit=3, splits={"test": "5:"})
+
+
+def write_taskset(root: Path, name: str, body: str) -> str:
+    (root / name).mkdir(parents=True)
+    head = "import verifiers.v1 as vf\n\n"
+    (root / name / "__init__.py").write_text(head + textwrap.dedent(body))
+    return str(root)
+
+
+def test_what_acmrl_cannot_run_is_refused_with_the_reason(tmp_path):
+    rows = """
+        class Data(vf.TaskData):
+            answer: str = "x"
+
+        class Cfg(vf.TasksetConfig):
+            pass
+    """
+    stateful = (
+        rows
+        + """
+        class Notes(vf.State):
+            seen: int = 0
+
+        class NotesTools(vf.Toolset[vf.ToolsetConfig, Notes]):
+            @vf.tool
+            def note(self) -> str:
+                return "ok"
+
+        class T(vf.Task[Data]):
+            @classmethod
+            def toolsets(cls, config):
+                return [NotesTools(vf.ToolsetConfig())]
+
+            @vf.reward
+            async def r(self, trace: vf.Trace) -> float:
+                return 1.0
+
+        class TS(vf.Taskset[T, Cfg]):
+            def load(self):
+                return [T(Data(prompt="q"))]
+
+        __all__ = ["TS"]
+    """
+    )
+    path = write_taskset(tmp_path, "vf_stateful", stateful)
+    with pytest.raises(EnvError, match="NotesTools keeps per-rollout state"):
+        load("verifiers", taskset="vf_stateful", path=path)
+    runtime_only = (
+        rows
+        + """
+        class T(vf.Task[Data]):
+            @vf.reward
+            async def r(self, trace: vf.Trace, runtime) -> float:
+                return 1.0
+
+        class TS(vf.Taskset[T, Cfg]):
+            def load(self):
+                return [T(Data(prompt="q"))]
+
+        __all__ = ["TS"]
+    """
+    )
+    path = write_taskset(tmp_path, "vf_runtime", runtime_only)
+    with pytest.raises(EnvError, match="no reward that scores without the task's runtime"):
+        load("verifiers", taskset="vf_runtime", path=path)
+    endless = (
+        rows
+        + """
+        class T(vf.Task[Data]):
+            @vf.reward
+            async def r(self, trace: vf.Trace) -> float:
+                return float(trace.last_reply == self.data.answer)
+
+        class TS(vf.Taskset[T, Cfg]):
+            INFINITE = True
+
+            def load(self):
+                i = 0
+                while True:
+                    yield T(Data(id=f"t{i}", prompt=f"say x ({i})"))
+                    i += 1
+
+        __all__ = ["TS"]
+    """
+    )
+    path = write_taskset(tmp_path, "vf_endless", endless)
+    with pytest.raises(EnvError, match=r"is infinite; set env\.options\.limit"):
+        load("verifiers", taskset="vf_endless", path=path)
+    # bounded by limit, with no toolset: a taskset of prompts and a rubric alone
+    e = load("verifiers", taskset="vf_endless", path=path, limit=3)
+    assert [t.id for t in e.tasks("eval")] == ["t0", "t1", "t2"] and e.tools() == []
+    assert e.score(e.tasks("eval")[1], "x") == 1.0
+
+
+def eval_config(tmp_path: Path) -> EvalConfig:
+    cfg = EvalConfig(output=str(tmp_path / "eval"), arms=["react", "acm"], machine="test CPU")
+    cfg.env.name = "verifiers"
+    cfg.env.options = {"taskset": "docs_qa", "path": ENVS}
+    cfg.env.limit = 2
+    cfg.agent.max_context_tokens = 4096
+    cfg.agent.max_turns = 6
+    return cfg
+
+
+def test_acmrl_eval_runs_the_verifiers_environment_in_react_and_acm(tmp_path, tokenizer, env):
+    cfg = eval_config(tmp_path)
+    tasks = {t.prompt: t.answer for t in env.tasks("eval")}
+    report = run_eval(cfg, engine=ScriptedEngine(tokenizer, reader(tasks, prefix="docs_")))
+    for arm in ("react", "acm"):
+        assert report["arms"][arm]["pass@1"] == 1.0, arm
+        assert report["arms"][arm]["tool_calls"] >= 3
+    assert report["arms"]["acm"]["compactions"] >= 1
+    trajs = read_trajectories(tmp_path / "eval" / "episodes.jsonl")
+    assert all(t.metrics["env_incidents"] == 0 for t in trajs)
+    # a wrong answer scores 0 by the rubric
+    wrong = {q: "no idea" for q in tasks}
+    cfg.output = str(tmp_path / "eval-wrong")
+    report = run_eval(cfg, engine=ScriptedEngine(tokenizer, reader(wrong, prefix="docs_")))
+    assert report["arms"]["react"]["pass@1"] == 0.0
+
+
+def test_a_killed_toolset_server_is_restarted_and_the_episode_marked(tmp_path, tokenizer, env):
+    cfg = eval_config(tmp_path)
+    cfg.arms, cfg.env.limit = ["react"], 1
+    tasks = {t.prompt: t.answer for t in env.tasks("eval")}
+
+    def kill() -> None:
+        for p in servers():
+            p.kill()
+
+    report = run_eval(cfg, engine=ScriptedEngine(tokenizer, reader(tasks, kill, "docs_")))
+    (traj,) = read_trajectories(tmp_path / "eval" / "episodes.jsonl")
+    assert traj.metrics["env_incidents"] == 1
+    assert traj.status == "answered" and report["arms"]["react"]["pass@1"] == 1.0
+    read = [o for s in traj.steps for o in s.observations if "Each instance" in o]
+    assert read, "the read after the kill reached the restarted server"
