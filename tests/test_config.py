@@ -16,7 +16,8 @@ from acmrl.config import (
     to_dict,
 )
 
-CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+_CONFIGS = Path(__file__).parent.parent / "configs"
+CONFIGS = sorted([*_CONFIGS.glob("*.yaml"), *_CONFIGS.glob("your-agent/*.yaml")])
 
 
 def test_defaults_are_valid():
@@ -25,7 +26,7 @@ def test_defaults_are_valid():
     assert cfg.sampling.temperature == 0.0
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+@pytest.mark.parametrize("path", CONFIGS, ids=[str(p.relative_to(_CONFIGS)) for p in CONFIGS])
 def test_every_checked_in_config_loads(path):
     cfg = load_config(config_class_for(path), path)
     assert dataclasses.is_dataclass(cfg)
