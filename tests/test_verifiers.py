@@ -30,13 +30,16 @@ def env():
     e.close()
 
 
-def servers() -> list:
+def servers() -> set:
     """The toolset servers this process started (verifiers runs ``python -m docs_qa.tools``)."""
-    return [
-        p
-        for p in psutil.Process().children(recursive=True)
-        if "docs_qa.tools" in " ".join(p.cmdline())
-    ]
+    found = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "docs_qa.tools" in " ".join(p.cmdline()):
+                found.add(p)
+        except psutil.Error:  # a short-lived child (verifiers' probe) that has gone
+            pass
+    return found
 
 
 def test_the_tasksets_tasks_tools_and_rubric_are_the_environments(env):
@@ -59,8 +62,6 @@ def test_the_tasksets_tasks_tools_and_rubric_are_the_environments(env):
     # the score is the task's own reward (normalised exact match), not acmrl's metric
     assert env.score(task, "monday.") == 1.0 and env.score(task, "Monday is first") == 0.0
     assert env.score(task, None) == 0.0
-    trace = env.trace(task, "Monday")
-    assert trace.last_reply == "Monday" and trace.task.data.answer == "Monday"
     with pytest.raises(NotImplementedError, match="no expert plan"):
         env.oracle_plan(task)
 
@@ -74,8 +75,10 @@ def test_splits_limit_and_bad_options_are_named(tmp_path):
         load("verifiers", taskset="docs_qa", path=str(tmp_path / "missing"))
     with pytest.raises(EnvError, match=r"splits.dev is 'first'; give a slice"):
         load("verifiers", taskset="docs_qa", path=ENVS, splits={"dev": "first"})
-    with pytest.raises(EnvError, match=r"split\(s\) \['test'\] hold no task of 3"):
+    with pytest.raises(EnvError, match=r"split test \(5:\) holds no task of 3"):
         load("verifiers", taskset="docs_qa", path=ENVS, limit=3, splits={"test": "5:"})
+    with pytest.raises(EnvError, match="splits a and b overlap"):
+        load("verifiers", taskset="docs_qa", path=ENVS, splits={"a": "0:4", "b": "3:"})
 
 
 def write_taskset(root: Path, name: str, body: str) -> str:
@@ -85,17 +88,23 @@ def write_taskset(root: Path, name: str, body: str) -> str:
     return str(root)
 
 
-def test_what_acmrl_cannot_run_is_refused_with_the_reason(tmp_path):
-    rows = """
-        class Data(vf.TaskData):
-            answer: str = "x"
+HEAD = """
+    class Data(vf.TaskData):
+        answer: str = "x"
+        split: str | None = None
 
-        class Cfg(vf.TasksetConfig):
-            pass
-    """
-    stateful = (
-        rows
-        + """
+    class Cfg(vf.TasksetConfig):
+        pass
+
+    class Plain(vf.Task[Data]):
+        @vf.reward
+        async def r(self, trace: vf.Trace) -> float:
+            return float(trace.last_reply == self.data.answer)
+"""
+
+REFUSED = {
+    "toolset_state": (
+        """
         class Notes(vf.State):
             seen: int = 0
 
@@ -104,70 +113,170 @@ def test_what_acmrl_cannot_run_is_refused_with_the_reason(tmp_path):
             def note(self) -> str:
                 return "ok"
 
-        class T(vf.Task[Data]):
+        class T(Plain):
             @classmethod
             def toolsets(cls, config):
                 return [NotesTools(vf.ToolsetConfig())]
 
+        TASKS = [T(Data(prompt="q"))]
+        """,
+        "NotesTools keeps per-rollout state",
+    ),
+    "toolset_setup_task": (
+        """
+        class PerTask(vf.Toolset[vf.ToolsetConfig]):
+            async def setup_task(self, task):
+                self.task = task
+
+            @vf.tool
+            def look(self) -> str:
+                return "ok"
+
+        class T(Plain):
+            @classmethod
+            def toolsets(cls, config):
+                return [PerTask(vf.ToolsetConfig())]
+
+        TASKS = [T(Data(prompt="q"))]
+        """,
+        "PerTask keeps per-rollout state or sets itself up per task",
+    ),
+    "task_setup_hook": (
+        """
+        class T(Plain):
+            async def setup(self, trace, runtime):
+                pass
+
+        TASKS = [T(Data(prompt="q"))]
+        """,
+        "T defines setup, which run in the task's runtime",
+    ),
+    "runtime_reward": (
+        """
+        class T(Plain):
+            @vf.reward
+            async def tests_pass(self, trace: vf.Trace, runtime) -> float:
+                return 1.0
+
+        TASKS = [T(Data(prompt="q"))]
+        """,
+        r"reward\(s\) \['tests_pass'\] need the task's runtime",
+    ),
+    "no_reward": (
+        """
+        class T(vf.Task[Data]):
+            pass
+
+        TASKS = [T(Data(prompt="q"))]
+        """,
+        "T has no reward or judge to score with",
+    ),
+    "different_toolsets": (
+        """
+        class Tools(vf.Toolset[vf.ToolsetConfig]):
+            @vf.tool
+            def look(self) -> str:
+                return "ok"
+
+        class TC(vf.TaskConfig):
+            url: str | None = None
+
+        class T(vf.Task[Data, vf.State, TC]):
+            @classmethod
+            def toolsets(cls, config):
+                return [Tools(vf.ToolsetConfig(url=config.url))]
+
             @vf.reward
             async def r(self, trace: vf.Trace) -> float:
                 return 1.0
 
-        class TS(vf.Taskset[T, Cfg]):
+        TASKS = [T(Data(prompt="q")), T(Data(prompt="p"), TC(url="http://127.0.0.1:1/mcp"))]
+        """,
+        "the tasks have different toolsets",
+    ),
+    "partial_splits": (
+        """
+        TASKS = [Plain(Data(id="a", prompt="q", split="train")), Plain(Data(id="b", prompt="p"))]
+        """,
+        r"1 task\(s\) have no split field \(e.g. 'b'\)",
+    ),
+}
+
+
+def taskset_module(body: str) -> str:
+    tail = """
+        class TS(vf.Taskset[vf.Task, Cfg]):
             def load(self):
-                return [T(Data(prompt="q"))]
+                return TASKS
 
         __all__ = ["TS"]
     """
-    )
-    path = write_taskset(tmp_path, "vf_stateful", stateful)
-    with pytest.raises(EnvError, match="NotesTools keeps per-rollout state"):
-        load("verifiers", taskset="vf_stateful", path=path)
-    runtime_only = (
-        rows
-        + """
-        class T(vf.Task[Data]):
-            @vf.reward
-            async def r(self, trace: vf.Trace, runtime) -> float:
-                return 1.0
+    return textwrap.dedent(HEAD) + textwrap.dedent(body) + textwrap.dedent(tail)
 
-        class TS(vf.Taskset[T, Cfg]):
-            def load(self):
-                return [T(Data(prompt="q"))]
 
-        __all__ = ["TS"]
-    """
-    )
-    path = write_taskset(tmp_path, "vf_runtime", runtime_only)
-    with pytest.raises(EnvError, match="no reward that scores without the task's runtime"):
-        load("verifiers", taskset="vf_runtime", path=path)
-    endless = (
-        rows
-        + """
-        class T(vf.Task[Data]):
-            @vf.reward
-            async def r(self, trace: vf.Trace) -> float:
-                return float(trace.last_reply == self.data.answer)
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_what_acmrl_cannot_run_is_refused_with_the_reason(tmp_path, case):
+    body, message = REFUSED[case]
+    path = write_taskset(tmp_path, f"vf_{case}", taskset_module(body))
+    with pytest.raises(EnvError, match=message):
+        load("verifiers", taskset=f"vf_{case}", path=path)
 
-        class TS(vf.Taskset[T, Cfg]):
+
+def test_an_infinite_taskset_needs_a_limit(tmp_path):
+    body = """
+        class TS(vf.Taskset[Plain, Cfg]):
             INFINITE = True
 
             def load(self):
                 i = 0
                 while True:
-                    yield T(Data(id=f"t{i}", prompt=f"say x ({i})"))
+                    yield Plain(Data(id=f"t{i}", prompt=f"say x ({i})"))
                     i += 1
 
         __all__ = ["TS"]
     """
-    )
-    path = write_taskset(tmp_path, "vf_endless", endless)
+    path = write_taskset(tmp_path, "vf_endless", textwrap.dedent(HEAD) + textwrap.dedent(body))
     with pytest.raises(EnvError, match=r"is infinite; set env\.options\.limit"):
         load("verifiers", taskset="vf_endless", path=path)
     # bounded by limit, with no toolset: a taskset of prompts and a rubric alone
     e = load("verifiers", taskset="vf_endless", path=path, limit=3)
     assert [t.id for t in e.tasks("eval")] == ["t0", "t1", "t2"] and e.tools() == []
-    assert e.score(e.tasks("eval")[1], "x") == 1.0
+    assert e.score(e.tasks("eval")[1], "x") == 1.0 and e.score(e.tasks("eval")[1], "y") == 0.0
+
+
+def test_rewards_see_the_tasks_state_and_prompt_and_a_failing_one_marks_the_episode(tmp_path):
+    body = """
+        class Seen(vf.State):
+            calls: int = 0
+
+        class T(vf.Task[Data, Seen]):
+            @vf.reward
+            async def r(self, trace: vf.Trace) -> float:
+                first = trace.messages[0]
+                assert type(first).__name__ == "SystemMessage" and first.content == "Be brief."
+                assert trace.state.calls == 0 and trace.task.key == self.key
+                if trace.last_reply == "boom":
+                    raise RuntimeError("the judge is down")
+                return float(trace.last_reply == self.data.answer)
+
+        class TS(vf.Taskset[T, Cfg]):
+            def load(self):
+                return [T(Data(id="s", prompt="say x", system_prompt="Be brief."))]
+
+        __all__ = ["TS"]
+    """
+    path = write_taskset(tmp_path, "vf_seen", textwrap.dedent(HEAD) + textwrap.dedent(body))
+    e = load("verifiers", taskset="vf_seen", path=path)
+    (task,) = e.tasks("eval")
+    assert task.prompt == "Be brief.\n\nsay x"
+    assert e.score(task, "x") == 1.0 and e.score(task, "y") == 0.0
+    with pytest.warns(UserWarning, match="a reward failed .*the judge is down"):
+        assert e.score(task, "boom") == 0.0
+    s = e.session(task)
+    s.call("answer", {"text": "boom"})
+    with pytest.warns(UserWarning, match="episode marked"):
+        assert s.score() == 0.0
+    assert s.incidents and "the judge is down" in s.incidents[0]
 
 
 def eval_config(tmp_path: Path) -> EvalConfig:
@@ -202,8 +311,10 @@ def test_a_killed_toolset_server_is_restarted_and_the_episode_marked(tmp_path, t
     cfg.arms, cfg.env.limit = ["react"], 1
     tasks = {t.prompt: t.answer for t in env.tasks("eval")}
 
+    before = servers()  # the module fixture's server stays up
+
     def kill() -> None:
-        for p in servers():
+        for p in servers() - before:
             p.kill()
 
     report = run_eval(cfg, engine=ScriptedEngine(tokenizer, reader(tasks, kill, "docs_")))

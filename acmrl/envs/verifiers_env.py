@@ -16,24 +16,36 @@ verifiers environment gets what an ``mcp`` one gets: the tools with their schema
 verifiers names them (``<prefix>_<tool>``), ``Error:`` observations for failed calls and
 timeouts, and a server that dies restarted and the episode marked (``env_incidents``).
 
-**Score.** The task's own rewards: acmrl hands them a ``vf.Trace`` holding the prompt and the
-submitted answer as the final reply (``trace.last_reply``), and the score is the trace's
-weighted reward sum; a score of 1 or more counts as a success, as everywhere in acmrl. The
-trace does not hold the episode's intermediate turns (an arm rewrites its own context, so
-there is no one conversation to hand over); a reward that reads them, or that needs the task's
-runtime (a container), is not supported, and a taskset with no other reward is refused.
+**Score.** The task's own rewards and judges: acmrl hands them a ``vf.Trace`` built as
+verifiers starts a rollout's (the task, its ``State`` type, its system prompt and prompt) with
+the submitted answer as the one reply (``trace.last_reply``); the score is the trace's weighted
+reward sum, and a score of 1 or more counts as a success, as everywhere in acmrl. The trace
+holds no intermediate turns (an arm rewrites its own context, so there is no one conversation
+to hand over): a reward that reads the tool calls sees none. ``@vf.metric`` values are not kept.
+A reward that raises, or does not finish within the task's scoring timeout (else
+``scoring_timeout_s``), scores 0 with a warning, and marks the episode (``env_incidents``).
 
-**Tasks.** ``id`` (else ``idx``) names a task; its prompt is the task's prompt (its
-``system_prompt``, if any, goes first: the arm keeps its own system prompt). The reference that
-the LLM teacher reviews against is the task data's ``answer`` field (``answer_field``), and its
-gold evidence the ``evidence`` field, where they exist. Splits: ``splits`` maps a split to a
-slice ``"start:stop"`` of the taskset's order; without it, a ``split`` field of the task data
-decides, else every task is in ``eval``.
+**Tasks.** ``id`` (else the position in the taskset) names a task; its prompt is the task's
+prompt, after its ``system_prompt`` if it has one (the arm keeps its own system prompt). The
+reference that the LLM teacher reviews against is the task data's ``answer`` field
+(``answer_field``), and its gold evidence the ``evidence`` field, where they exist. Splits:
+``splits`` maps a split to a slice ``"start:stop"`` of the taskset's order (slices must not
+overlap); without it, a ``split`` field of the task data decides (every task must have one),
+else every task is in ``eval``.
 
-**What is refused, with the reason:** tasksets that need containers (``NEEDS_CONTAINER``),
-toolsets with per-rollout state or per-task setup (they need verifiers' own rollout server),
-tasks whose toolsets differ, an infinite taskset without ``limit``. There is no expert plan, as
-for ``mcp``: the LLM teacher reviews runs.
+**Toolsets** run in the runtime their config names (a local subprocess by default); one whose
+config gives a ``url`` is reached there. One server per toolset serves every episode of a
+process, where verifiers starts a task-scoped toolset per rollout: a toolset that keeps state
+on itself between calls mixes episodes, as an ``mcp`` server that keeps state per connection.
+
+**What is refused, with the reason:** tasks that need containers (``NEEDS_CONTAINER``) or
+define ``setup``/``finalize``/``stage_verifier`` (they run in the task's runtime), a reward or
+judge that needs the runtime (verifiers would skip it and score with the rest: acmrl refuses
+rather than score differently), a task with no reward, toolsets with a ``State`` type or a
+``setup_task`` (they need verifiers' own rollout server), tasks whose toolsets differ, an
+infinite taskset without ``limit``. ``@vf.stop`` and ``@vf.intercept`` hooks and a taskset's
+own ``Harness``/``Env`` are not used: acmrl's arms are the harness. There is no expert plan,
+as for ``mcp``: the LLM teacher reviews runs.
 
 Needs ``pip install 'acmrl[verifiers]'`` (verifiers 0.4 pins ``mcp==2.0.0``; acmrl's client
 works with it).
@@ -46,12 +58,13 @@ import inspect
 import os
 import sys
 import threading
+import warnings
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
-from acmrl.envs.base import EnvError, Plan, Task
+from acmrl.envs.base import EnvError, Evidence, Plan, Session, Task
 from acmrl.envs.mcp import MCPConnection, ServedTools, _reason
 
 
@@ -68,21 +81,39 @@ def _verifiers() -> Any:
 
 class ToolsetConnection(MCPConnection):
     """A verifiers ``Toolset``, served by verifiers (``verifiers.v1.mcp.serve``: a subprocess
-    in the toolset's runtime) and reached over streamable HTTP. ``restart`` serves it again."""
+    in the toolset's runtime) and reached over streamable HTTP; one whose config gives a
+    ``url`` (a server running elsewhere) is reached there. ``restart`` serves it again."""
 
     def __init__(self, toolset: Any, *, start_timeout_s: float = 60.0) -> None:
-        super().__init__(url="(not served)", start_timeout_s=start_timeout_s)
-        self.toolset = toolset
+        external = getattr(toolset.config, "url", None)
+        super().__init__(url=external or "(not served)", start_timeout_s=start_timeout_s)
+        self.toolset, self.external = toolset, bool(external)
         self._stop: asyncio.Event | None = None
         self._launcher: threading.Thread | None = None
         self._launch_loop: asyncio.AbstractEventLoop | None = None
-        self._held: Future | None = None
+        self._task: asyncio.Task | None = None
+        self._finished = threading.Event()  # the serving context has been left
+        # verifiers' teardown runs on worker threads, which the interpreter refuses once its
+        # thread pools have shut down at exit: leave before them (threading's exit hooks run
+        # in reverse order, and concurrent.futures registered its own at import)
+        register = getattr(threading, "_register_atexit", None)
+        if register is not None:
+            register(self.close)
 
     @property
     def label(self) -> str:
         return f"{type(self.toolset).__module__} ({self.url})"
 
     def start(self) -> None:
+        if not self.external:
+            self._launch()
+        try:
+            super().start()
+        except BaseException:
+            self._end_launch()
+            raise
+
+    def _launch(self) -> None:
         from verifiers.v1.mcp import serve
 
         loop = asyncio.new_event_loop()
@@ -90,6 +121,7 @@ class ToolsetConnection(MCPConnection):
         self._launcher = threading.Thread(target=loop.run_forever, daemon=True, name="vf-serve")
         self._launcher.start()
         served: Future = Future()
+        self._finished.clear()
 
         async def hold() -> None:
             self._stop = asyncio.Event()
@@ -101,8 +133,13 @@ class ToolsetConnection(MCPConnection):
                 if not served.done():
                     served.set_exception(exc if isinstance(exc, Exception) else RuntimeError(exc))
                 raise
+            finally:
+                self._finished.set()
 
-        self._held = asyncio.run_coroutine_threadsafe(hold(), loop)
+        def begin() -> None:
+            self._task = loop.create_task(hold())
+
+        loop.call_soon_threadsafe(begin)
         try:
             self.url = served.result(timeout=self.start_timeout_s)
         except FutureTimeout:
@@ -118,53 +155,49 @@ class ToolsetConnection(MCPConnection):
                 f"verifiers: cannot serve the toolset {type(self.toolset).__module__}: "
                 f"{_reason(exc)}"
             ) from None
-        try:
-            super().start()
-        except BaseException:
-            self._end_launch()
-            raise
 
     def close(self) -> None:
         super().close()
         self._end_launch()
 
     def _end_launch(self) -> None:
-        """Leave verifiers' serving context: it stops the server and removes its runtime."""
+        """Leave verifiers' serving context, which stops the server and removes its runtime; a
+        launch still starting is cancelled, and its own cleanup runs before the loop stops."""
         loop, self._launch_loop = self._launch_loop, None
         if loop is None:
             return
         if self._stop is not None:
             loop.call_soon_threadsafe(self._stop.set)
-        if self._held is not None:
-            try:
-                self._held.result(timeout=30)
-            except Exception:  # a server that died fails its own teardown
-                self._held.cancel()
+        if not self._finished.wait(timeout=30) and self._task is not None:
+            loop.call_soon_threadsafe(self._task.cancel)  # still starting: cancel it there
+            self._finished.wait(timeout=30)
         loop.call_soon_threadsafe(loop.stop)
         if self._launcher is not None:
             self._launcher.join(timeout=10)
         if self._launcher is None or not self._launcher.is_alive():
             loop.close()
-        self._stop = self._held = self._launcher = None
+        self._stop = self._task = self._launcher = None
 
 
-def _run(make: Any) -> Any:
-    """Run the coroutine ``make()`` to its end from synchronous code, on a thread of its own
-    when this thread already runs an event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(make())
-    box: Future = Future()
+class _Scorer:
+    """One event loop on a thread of its own for the tasks' rewards, so that a reward keeping a
+    client between calls (an ``AsyncOpenAI`` judge) finds its loop alive on the next call."""
 
-    def target() -> None:
-        try:
-            box.set_result(asyncio.run(make()))
-        except BaseException as exc:  # handed to the caller
-            box.set_exception(exc)
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True, name="vf-score").start()
 
-    threading.Thread(target=target, daemon=True).start()
-    return box.result()
+    def run(self, coro: Any, timeout: float | None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=timeout)
+
+
+class RewardFailed(Exception):
+    """A task's reward or judge raised, or did not finish in time."""
+
+
+def _overrides(cls: type, method: str, base: type) -> bool:
+    """Whether ``cls`` (or a class between it and ``base``) redefines ``base.method``."""
+    return next(c for c in cls.__mro__ if method in c.__dict__) is not base
 
 
 def _slice(spec: str, split: str) -> slice:
@@ -195,6 +228,7 @@ class VerifiersEnv(ServedTools):
         timeout_s: float = 30.0,
         start_timeout_s: float = 120.0,
         max_restarts: int = 3,
+        scoring_timeout_s: float = 600.0,
         max_context_tokens: int | None = None,
     ) -> None:
         super().__init__(metric="em")
@@ -232,7 +266,11 @@ class VerifiersEnv(ServedTools):
         self.timeout_s = float(timeout_s)
         self.max_restarts = int(max_restarts)
         self.max_context_tokens = max_context_tokens
-        self._check(vf_tasks)
+        first = vf_tasks[0]
+        toolsets = [*type(ts).toolsets(ts.config), *type(first).toolsets(first.config)]
+        self._check(toolsets, vf_tasks)
+        self._scorer = _Scorer()
+        self.scoring_timeout_s = float(scoring_timeout_s)
         self._vf: dict[str, Any] = {}
         tasks = []
         for t in vf_tasks:
@@ -242,8 +280,6 @@ class VerifiersEnv(ServedTools):
             self._vf[tid] = t
             tasks.append(self._task(tid, t, answer_field, evidence_field))
         self._tasks = self._split(tasks, vf_tasks, splits)
-        first = vf_tasks[0]
-        toolsets = list(type(ts).toolsets(ts.config)) + list(type(first).toolsets(first.config))
         self._open(
             [
                 (ToolsetConnection(s, start_timeout_s=float(start_timeout_s)), s.server_name)
@@ -253,27 +289,38 @@ class VerifiersEnv(ServedTools):
 
     # -- loading ----------------------------------------------------------------------------------
 
-    def _check(self, tasks: list[Any]) -> None:
+    def _check(self, toolsets: list[Any], tasks: list[Any]) -> None:
+        """Refuse, by name, what acmrl cannot run as verifiers would."""
         from verifiers.v1.state import State, state_cls
+        from verifiers.v1.task import Task as VfTask
 
-        kinds = {type(t) for t in tasks}
-        for kind in kinds:
+        def needs_runtime(fn: Any) -> bool:
+            param = inspect.signature(fn).parameters.get("runtime")
+            return param is not None and param.default is inspect.Parameter.empty
+
+        firsts = {type(t): t for t in reversed(tasks)}  # one task of each kind
+        for kind, t in firsts.items():
             if getattr(kind, "NEEDS_CONTAINER", False):
                 raise EnvError(
                     f"verifiers: {kind.__name__} needs a container runtime, which acmrl's "
                     "rollouts do not provide"
                 )
-
-        def runtime_free(fn: Any) -> bool:
-            param = inspect.signature(fn).parameters.get("runtime")
-            return param is None or param.default is not inspect.Parameter.empty
-
-        for t in tasks[:1]:
-            scorers = [*t.hooks("reward"), *(j.score for j in t.plugged_judges())]
-            if not any(runtime_free(fn) for fn in scorers):
+            hooks = [
+                h for h in ("setup", "finalize", "stage_verifier") if _overrides(kind, h, VfTask)
+            ]
+            if hooks:
                 raise EnvError(
-                    f"verifiers: {type(t).__name__} has no reward that scores without the task's "
-                    "runtime; acmrl scores the submitted answer"
+                    f"verifiers: {kind.__name__} defines {', '.join(hooks)}, which run in the "
+                    "task's runtime; acmrl runs no task runtime"
+                )
+            scorers = {fn.__name__: fn for fn in t.hooks("reward")}
+            scorers |= {j.reward_name: j.score for j in t.plugged_judges()}
+            if not scorers:
+                raise EnvError(f"verifiers: {kind.__name__} has no reward or judge to score with")
+            if runtime := sorted(n for n, fn in scorers.items() if needs_runtime(fn)):
+                raise EnvError(
+                    f"verifiers: {kind.__name__}'s reward(s) {runtime} need the task's runtime, "
+                    "which acmrl does not run (verifiers would skip them and score with the rest)"
                 )
         shapes = {
             tuple((type(s), s.config.model_dump_json()) for s in type(t).toolsets(t.config))
@@ -283,19 +330,15 @@ class VerifiersEnv(ServedTools):
             raise EnvError(
                 "verifiers: the tasks have different toolsets; acmrl serves one set for all"
             )
-        for t in tasks[:1]:
-            for s in type(t).toolsets(t.config):
-                base = type(s).__mro__
-                own_setup = next(c for c in base if "setup_task" in c.__dict__)
-                if (
-                    state_cls(type(s)) is not State
-                    or own_setup.__module__ != "verifiers.v1.mcp.server"
-                ):
-                    raise EnvError(
-                        f"verifiers: the toolset {type(s).__name__} keeps per-rollout state or "
-                        "sets itself up per task; that needs verifiers' own rollout server, "
-                        "which acmrl does not run"
-                    )
+        from verifiers.v1.mcp.server import ServerBase
+
+        for s in toolsets:
+            if state_cls(type(s)) is not State or _overrides(type(s), "setup_task", ServerBase):
+                raise EnvError(
+                    f"verifiers: the toolset {type(s).__name__} keeps per-rollout state or "
+                    "sets itself up per task; that needs verifiers' own rollout server, "
+                    "which acmrl does not run"
+                )
 
     @staticmethod
     def _task(tid: str, t: Any, answer_field: str, evidence_field: str) -> Task:
@@ -322,51 +365,119 @@ class VerifiersEnv(ServedTools):
         self, tasks: list[Task], vf_tasks: list[Any], splits: dict[str, str] | None
     ) -> dict[str, list[Task]]:
         if splits:
-            out = {name: tasks[_slice(spec, name)] for name, spec in splits.items()}
-            if empty := [name for name, got in out.items() if not got]:
-                raise EnvError(f"verifiers: split(s) {empty} hold no task of {len(tasks)}")
+            out, owner = {}, {}
+            for name, spec in splits.items():
+                out[name] = tasks[_slice(spec, name)]
+                if not out[name]:
+                    raise EnvError(
+                        f"verifiers: split {name} ({spec}) holds no task of {len(tasks)}"
+                    )
+                for task in out[name]:
+                    if task.id in owner:
+                        raise EnvError(
+                            f"verifiers: splits {owner[task.id]} and {name} overlap (task "
+                            f"{task.id!r})"
+                        )
+                    owner[task.id] = name
             return out
         marks = [getattr(t.data, "split", None) for t in vf_tasks]
-        if all(isinstance(m, str) and m for m in marks):
-            out: dict[str, list[Task]] = {}
-            for task, mark in zip(tasks, marks, strict=True):
-                out.setdefault(mark, []).append(task)
-            return out
-        return {"eval": tasks}
+        if not any(marks):
+            return {"eval": tasks}
+        if missing := [
+            t.id for t, m in zip(tasks, marks, strict=True) if not isinstance(m, str) or not m
+        ]:
+            raise EnvError(
+                f"verifiers: {len(missing)} task(s) have no split field (e.g. {missing[0]!r}) and "
+                "the others do; give env.options.splits"
+            )
+        out: dict[str, list[Task]] = {}
+        for task, mark in zip(tasks, marks, strict=True):
+            out.setdefault(mark, []).append(task)
+        return out
+
+    def answer_evidence(self, task: Task) -> list[Evidence]:
+        if task.metadata.get("reference") is False:  # no answer field: the evidence, if any
+            return [Evidence(e) for e in task.metadata.get("evidence") or []]
+        return super().answer_evidence(task)
 
     # -- scoring ----------------------------------------------------------------------------------
 
     def trace(self, task: Task, answer: str) -> Any:
-        """The ``vf.Trace`` the task's rewards score: the prompt, and the answer as the final
-        reply."""
+        """The ``vf.Trace`` the task's rewards score, built as verifiers starts a rollout's (the
+        task, its State type, the prompt with its system prompt) with the answer as the one
+        reply: no intermediate turns."""
         vf = _verifiers()
         from verifiers.v1 import types
         from verifiers.v1.graph import MessageNode
+        from verifiers.v1.state import state_cls
         from verifiers.v1.trace import AgentInfo, Trace, TraceTask
 
         t = self._vf[task.id]
+        messages: list[Any] = []
+        if t.data.system_prompt:
+            messages.append(types.SystemMessage(content=t.data.system_prompt))
+        if isinstance(t.data.prompt, str):
+            messages.append(types.UserMessage(content=t.data.prompt))
+        else:
+            messages += list(t.data.prompt or [])
+        messages.append(types.AssistantMessage(content=answer))
         nodes = [
-            MessageNode(message=types.UserMessage(content=t.data.prompt_text)),
-            MessageNode(parent=0, message=types.AssistantMessage(content=answer), sampled=True),
+            MessageNode(parent=i - 1 if i else None, message=m, sampled=i == len(messages) - 1)
+            for i, m in enumerate(messages)
         ]
-        kind = type(t)
         return Trace(
-            task=TraceTask(type=f"{kind.__module__}:{kind.__qualname__}", data=t.data),
+            task=TraceTask(type=type(t).__name__, data=t.data, key=t.key, hash=t.hash),
+            state=state_cls(type(t))(),
             agent=AgentInfo(config=vf.AgentConfig()),
-            tools=[],
             nodes=nodes,
             root_reply=answer,
             is_completed=True,
             ok=True,
         )
 
+    def _score(self, task: Task, answer: str) -> float:
+        t = self._vf[task.id]
+        trace = self.trace(task, answer)
+        limit = t.data.timeout.scoring or self.scoring_timeout_s
+        try:
+            self._scorer.run(t.score(trace), timeout=limit)
+        except FutureTimeout:
+            raise RewardFailed(f"the rewards did not finish within {limit:g} s") from None
+        except Exception as exc:
+            raise RewardFailed(_reason(exc)) from None
+        return float(trace.reward)
+
     def score(self, task: Task, answer: str | None) -> float:
-        """The task's weighted reward sum for ``answer`` (0 without one)."""
+        """The task's weighted reward sum for ``answer`` (0 without one, and 0 with a warning
+        when a reward fails; in an episode, the failure also marks it: ``env_incidents``)."""
         if answer is None:
             return 0.0
-        trace = self.trace(task, answer)
-        _run(lambda: self._vf[task.id].score(trace))
-        return float(trace.reward)
+        try:
+            return self._score(task, answer)
+        except RewardFailed as exc:
+            warnings.warn(
+                f"verifiers: task {task.id}: a reward failed ({exc}); scored 0", stacklevel=2
+            )
+            return 0.0
+
+    def session(self, task: Task) -> Session:
+        s = super().session(task)
+
+        def scorer(answer: str | None) -> float:
+            if answer is None:
+                return 0.0
+            try:
+                return self._score(task, answer)
+            except RewardFailed as exc:
+                s.incidents.append(f"reward: {exc}")  # type: ignore[attr-defined]
+                warnings.warn(
+                    f"verifiers: task {task.id}: a reward failed ({exc}); scored 0, episode marked",
+                    stacklevel=2,
+                )
+                return 0.0
+
+        s._scorer = scorer
+        return s
 
     def oracle_plan(self, task: Task) -> Plan:
         raise NotImplementedError(
