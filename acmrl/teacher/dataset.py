@@ -208,6 +208,7 @@ def card_stats(trajs: list[dict[str, Any]], samples: list[dict[str, Any]]) -> di
 def card(stats: dict[str, Any]) -> str:
     rows = "\n".join(f"| {k} | {v} |" for k, v in stats.items() if not isinstance(v, dict))
     edits = "\n".join(f"| {k} | {v} |" for k, v in sorted(stats["edits"].items()))
+    edits = edits or "| (none: no assessment was valid) | 0 |"
     arms = "\n".join(f"| {arm} | {json.dumps(c)} |" for arm, c in stats["by_arm"].items())
     return f"""---
 tags: [acmrl, agentic-context-management, teacher-annotated]

@@ -61,7 +61,9 @@ def load_samples(cfg: SFTConfig) -> list[dict[str, Any]]:
         ]
     if not samples:
         raise ValueError(
-            f"dataset {cfg.dataset!r} has no sample with weight > {cfg.min_weight} and a target"
+            f"dataset {cfg.dataset!r} has no sample with weight > {cfg.min_weight} and a target "
+            "(its card, README.md in the annotate output, counts what it holds: successful "
+            "student runs, valid teacher edits, failed assessments)"
         )
     return samples
 
