@@ -303,3 +303,50 @@ def test_annotate_with_a_served_llm_teacher_on_the_mcp_server(tmp_path, tiny_mod
     assert stats["by_arm"]["react"].get("failed", 0) == stats["failed_assessments"]
     records = (tmp_path / "annotate").glob("records-*.jsonl")
     assert sum(len(p.read_text().splitlines()) for p in records) == 2
+
+
+def test_annotate_splices_a_valid_llm_edit_into_the_mcp_environment(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """A teacher whose assessments are valid (a scripted reply in place of a strong model, which
+    does not run here): each correction is spliced into the student's run, the student resumes
+    through the live MCP server, and the card counts the edits by kind."""
+    from acmrl.config import AnnotateConfig
+    from acmrl.engines.scripted import ScriptedEngine
+    from acmrl.teacher import annotate
+    from acmrl.teacher.annotate import run_annotate
+    from acmrl.teacher.llm import LLMTeacher
+
+    correction = {
+        "kind": "correction",
+        "step": 0,
+        "action": {"name": "search", "arguments": {"query": "python module documentation"}},
+        "rationale": "I have not read any document yet, so I search the documentation first.",
+    }
+
+    def teacher(cfg, env, student):
+        reply = ScriptedEngine(student.tokenizer, lambda s, p: json.dumps(correction))
+        return LLMTeacher(reply, student.tokenizer, evidence=annotate.gold_evidence(env))
+
+    monkeypatch.setattr(annotate, "make_teacher", teacher)
+    cfg = AnnotateConfig(output=str(tmp_path / "annotate"))
+    cfg.model.name = str(tiny_model_dir)
+    cfg.env.name, cfg.env.options = "mcp", {"tasks": TASKS, "command": SERVER}
+    cfg.env.split, cfg.env.limit, cfg.arms = "train", 2, ["react"]
+    cfg.agent.max_turns, cfg.sampling.max_new_tokens = 3, 8
+    cfg.teacher.kind, cfg.demonstrations, cfg.resumes = "llm", False, 1
+    stats = run_annotate(cfg)
+    assert stats["edits"] == {"correction": 2} and stats["failed_assessments"] == 0
+    assert stats["resumed_runs"] == 2
+    card = (tmp_path / "annotate" / "README.md").read_text()
+    assert "| correction | 2 |" in card
+    records = [
+        json.loads(line)
+        for p in (tmp_path / "annotate").glob("records-*.jsonl")
+        for line in p.read_text().splitlines()
+    ]
+    resumed = [t for r in records for t in r["resumed"]]
+    assert len(resumed) == 2
+    for traj in resumed:  # the correction's search ran on the server, in the resumed run
+        obs = [o for s in traj["steps"] for o in s["observations"]]
+        assert any(o.startswith("[") and "] " in o for o in obs), obs
