@@ -295,27 +295,28 @@ def test_annotate_with_a_served_llm_teacher_on_the_mcp_server(tmp_path, tiny_mod
         proc.kill()
         proc.wait()
     assert stats["student_trajectories"] == 2
-    assert stats["failed_assessments"] + sum(stats["edits"].values()) == 2
+    # 16 tokens of the tiny random model are never a valid assessment: both fail, and are counted
+    assert stats["failed_assessments"] == 2 and stats["edits"] == {}
     card = (tmp_path / "annotate" / "README.md").read_text()
     assert "## Edits" in card and f"| failed_assessments | {stats['failed_assessments']} |" in card
-    if not stats["edits"]:  # the tiny random model's replies are never valid assessments
-        assert "| (none: no assessment was valid) | 0 |" in card
+    assert "| (none: no assessment was valid) | 0 |" in card
     assert stats["by_arm"]["react"].get("failed", 0) == stats["failed_assessments"]
     records = (tmp_path / "annotate").glob("records-*.jsonl")
     assert sum(len(p.read_text().splitlines()) for p in records) == 2
 
 
-def test_annotate_splices_a_valid_llm_edit_into_the_mcp_environment(
-    tmp_path, tiny_model_dir, monkeypatch
-):
-    """A teacher whose assessments are valid (a scripted reply in place of a strong model, which
-    does not run here): each correction is spliced into the student's run, the student resumes
-    through the live MCP server, and the card counts the edits by kind."""
+def test_annotate_splices_a_valid_llm_edit_into_the_mcp_environment(tmp_path, tiny_model_dir):
+    """A served teacher whose assessments are valid: acmrl's completions server in front of a
+    scripted reply, in place of a strong model (which does not run here). The HTTP path, each
+    correction spliced into the student's run, the student resuming through the live MCP
+    server and the card's count of edits by kind are real."""
+    import threading
+
     from acmrl.config import AnnotateConfig
     from acmrl.engines.scripted import ScriptedEngine
-    from acmrl.teacher import annotate
+    from acmrl.engines.server import make_server
+    from acmrl.models import load_tokenizer
     from acmrl.teacher.annotate import run_annotate
-    from acmrl.teacher.llm import LLMTeacher
 
     correction = {
         "kind": "correction",
@@ -323,19 +324,28 @@ def test_annotate_splices_a_valid_llm_edit_into_the_mcp_environment(
         "action": {"name": "search", "arguments": {"query": "python module documentation"}},
         "rationale": "I have not read any document yet, so I search the documentation first.",
     }
+    tok = load_tokenizer(str(tiny_model_dir))
+    asked: list[str] = []
 
-    def teacher(cfg, env, student):
-        reply = ScriptedEngine(student.tokenizer, lambda s, p: json.dumps(correction))
-        return LLMTeacher(reply, student.tokenizer, evidence=annotate.gold_evidence(env))
+    def reply(session: str, prompt: str) -> str:
+        asked.append(prompt)
+        return json.dumps(correction)
 
-    monkeypatch.setattr(annotate, "make_teacher", teacher)
-    cfg = AnnotateConfig(output=str(tmp_path / "annotate"))
-    cfg.model.name = str(tiny_model_dir)
-    cfg.env.name, cfg.env.options = "mcp", {"tasks": TASKS, "command": SERVER}
-    cfg.env.split, cfg.env.limit, cfg.arms = "train", 2, ["react"]
-    cfg.agent.max_turns, cfg.sampling.max_new_tokens = 3, 8
-    cfg.teacher.kind, cfg.demonstrations, cfg.resumes = "llm", False, 1
-    stats = run_annotate(cfg)
+    server = make_server(ScriptedEngine(tok, reply), tok, "teacher", "127.0.0.1", 0, 4)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cfg = AnnotateConfig(output=str(tmp_path / "annotate"))
+        cfg.model.name = str(tiny_model_dir)
+        cfg.env.name, cfg.env.options = "mcp", {"tasks": TASKS, "command": SERVER}
+        cfg.env.split, cfg.env.limit, cfg.arms = "train", 2, ["react"]
+        cfg.agent.max_turns, cfg.sampling.max_new_tokens = 3, 8
+        cfg.teacher.kind, cfg.demonstrations, cfg.resumes = "llm", False, 1
+        cfg.teacher.base_urls = [f"http://127.0.0.1:{server.server_address[1]}"]
+        cfg.teacher.model, cfg.teacher.served_model = str(tiny_model_dir), "teacher"
+        stats = run_annotate(cfg)
+    finally:
+        server.shutdown()
+    assert len(asked) == 2 and all("Gold evidence" in p for p in asked)
     assert stats["edits"] == {"correction": 2} and stats["failed_assessments"] == 0
     assert stats["resumed_runs"] == 2
     card = (tmp_path / "annotate" / "README.md").read_text()
