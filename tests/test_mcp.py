@@ -170,16 +170,23 @@ def eval_config(tmp_path: Path, command: list[str]) -> EvalConfig:
     return cfg
 
 
-def test_acmrl_eval_runs_on_the_mcp_server_in_react_and_acm(tmp_path, tokenizer):
-    cfg = eval_config(tmp_path, SERVER)
-    tasks = {t.prompt: t.answer for t in read_tasks(TASKS)["eval"]}
-    report = run_eval(cfg, engine=ScriptedEngine(tokenizer, reader(tasks)))
+def check_reader_eval(report: dict, out: Path) -> list:
+    """The reader's eval: every episode solved in both arms, with its tool calls, acm compacting,
+    no server incident; the trajectories."""
     for arm in ("react", "acm"):
         assert report["arms"][arm]["pass@1"] == 1.0, arm
         assert report["arms"][arm]["tool_calls"] >= 3
     assert report["arms"]["acm"]["compactions"] >= 1
-    trajs = read_trajectories(tmp_path / "eval" / "episodes.jsonl")
+    trajs = read_trajectories(out / "episodes.jsonl")
     assert all(t.metrics["env_incidents"] == 0 for t in trajs)
+    return trajs
+
+
+def test_acmrl_eval_runs_on_the_mcp_server_in_react_and_acm(tmp_path, tokenizer):
+    cfg = eval_config(tmp_path, SERVER)
+    tasks = {t.prompt: t.answer for t in read_tasks(TASKS)["eval"]}
+    report = run_eval(cfg, engine=ScriptedEngine(tokenizer, reader(tasks)))
+    trajs = check_reader_eval(report, tmp_path / "eval")
     obs = [o for t in trajs for s in t.steps for o in s.observations]
     assert any("Each instance of this class manages its own queue" in o for o in obs)
 
@@ -269,22 +276,30 @@ def test_the_stages_that_need_a_plan_say_so(tmp_path, tiny_model_dir):
             run_annotate(cfg)
 
 
+def annotate_config(tmp_path: Path, model: Path, teacher_urls: list[str], turns: int):
+    """acmrl annotate on the MCP server's first 2 train tasks, react, the tiny student, the LLM
+    teacher at ``teacher_urls``."""
+    from acmrl.config import AnnotateConfig
+
+    cfg = AnnotateConfig(output=str(tmp_path / "annotate"))
+    cfg.model.name = str(model)
+    cfg.env.name, cfg.env.options = "mcp", {"tasks": TASKS, "command": SERVER}
+    cfg.env.split, cfg.env.limit, cfg.arms = "train", 2, ["react"]
+    cfg.agent.max_turns, cfg.sampling.max_new_tokens = turns, 8
+    cfg.teacher.kind, cfg.teacher.base_urls = "llm", teacher_urls
+    return cfg
+
+
 def test_annotate_with_a_served_llm_teacher_on_the_mcp_server(tmp_path, tiny_model_dir):
     """acmrl annotate on the MCP environment, the LLM teacher served by ``acmrl serve`` (the
     tiny random model stands in for a strong one: its replies are not valid assessments, which
     the card counts as such); the student is the tiny model too."""
-    from acmrl.config import AnnotateConfig
     from acmrl.teacher.annotate import run_annotate
     from tests.test_engine_openai import start_server
 
     proc, url = start_server(tiny_model_dir)
     try:
-        cfg = AnnotateConfig(output=str(tmp_path / "annotate"))
-        cfg.model.name = str(tiny_model_dir)
-        cfg.env.name, cfg.env.options = "mcp", {"tasks": TASKS, "command": SERVER}
-        cfg.env.split, cfg.env.limit, cfg.arms = "train", 2, ["react"]
-        cfg.agent.max_turns, cfg.sampling.max_new_tokens = 2, 8
-        cfg.teacher.kind, cfg.teacher.base_urls = "llm", [url]
+        cfg = annotate_config(tmp_path, tiny_model_dir, [url], turns=2)
         cfg.teacher.model, cfg.teacher.max_attempts, cfg.teacher.max_tokens = (
             str(tiny_model_dir),
             1,
@@ -312,7 +327,6 @@ def test_annotate_splices_a_valid_llm_edit_into_the_mcp_environment(tmp_path, ti
     server and the card's count of edits by kind are real."""
     import threading
 
-    from acmrl.config import AnnotateConfig
     from acmrl.engines.scripted import ScriptedEngine
     from acmrl.engines.server import make_server
     from acmrl.models import load_tokenizer
@@ -334,13 +348,9 @@ def test_annotate_splices_a_valid_llm_edit_into_the_mcp_environment(tmp_path, ti
     server = make_server(ScriptedEngine(tok, reply), tok, "teacher", "127.0.0.1", 0, 4)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        cfg = AnnotateConfig(output=str(tmp_path / "annotate"))
-        cfg.model.name = str(tiny_model_dir)
-        cfg.env.name, cfg.env.options = "mcp", {"tasks": TASKS, "command": SERVER}
-        cfg.env.split, cfg.env.limit, cfg.arms = "train", 2, ["react"]
-        cfg.agent.max_turns, cfg.sampling.max_new_tokens = 3, 8
-        cfg.teacher.kind, cfg.demonstrations, cfg.resumes = "llm", False, 1
-        cfg.teacher.base_urls = [f"http://127.0.0.1:{server.server_address[1]}"]
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        cfg = annotate_config(tmp_path, tiny_model_dir, [url], turns=3)
+        cfg.demonstrations, cfg.resumes = False, 1
         cfg.teacher.model, cfg.teacher.served_model = str(tiny_model_dir), "teacher"
         stats = run_annotate(cfg)
     finally:

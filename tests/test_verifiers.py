@@ -15,7 +15,7 @@ from acmrl.engines.scripted import ScriptedEngine
 from acmrl.envs import EnvError, load
 from acmrl.eval.run import run_eval
 from acmrl.rollout.worker import read_trajectories
-from tests.test_mcp import reader
+from tests.test_mcp import check_reader_eval, reader
 
 pytest.importorskip("verifiers.v1")
 psutil = pytest.importorskip("psutil")
@@ -293,12 +293,7 @@ def test_acmrl_eval_runs_the_verifiers_environment_in_react_and_acm(tmp_path, to
     cfg = eval_config(tmp_path)
     tasks = {t.prompt: t.answer for t in env.tasks("eval")}
     report = run_eval(cfg, engine=ScriptedEngine(tokenizer, reader(tasks, prefix="docs_")))
-    for arm in ("react", "acm"):
-        assert report["arms"][arm]["pass@1"] == 1.0, arm
-        assert report["arms"][arm]["tool_calls"] >= 3
-    assert report["arms"]["acm"]["compactions"] >= 1
-    trajs = read_trajectories(tmp_path / "eval" / "episodes.jsonl")
-    assert all(t.metrics["env_incidents"] == 0 for t in trajs)
+    check_reader_eval(report, tmp_path / "eval")
     # a wrong answer scores 0 by the rubric
     wrong = {q: "no idea" for q in tasks}
     cfg.output = str(tmp_path / "eval-wrong")
