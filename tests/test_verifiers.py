@@ -5,6 +5,7 @@ what acmrl cannot run is refused by name."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -318,3 +319,26 @@ def test_a_killed_toolset_server_is_restarted_and_the_episode_marked(tmp_path, t
     assert traj.status == "answered" and report["arms"]["react"]["pass@1"] == 1.0
     read = [o for s in traj.steps for o in s.observations if "Each instance" in o]
     assert read, "the read after the kill reached the restarted server"
+
+
+def test_audit_searches_with_the_toolsets_search_tool(tmp_path, tiny_model_dir):
+    """Without a plan, the audit's first_result finds verifiers' prefixed search tool
+    (``docs_search``) and answers with the first title it lists."""
+    from acmrl.config import AuditConfig
+    from acmrl.eval.audit import run_audit
+
+    cfg = AuditConfig(output=str(tmp_path / "audit"), trivial=["first_result"])
+    cfg.model.name = str(tiny_model_dir)
+    cfg.env.name, cfg.env.options, cfg.env.limit = "verifiers", {"taskset": "docs_qa"}, 2
+    cfg.env.options["path"] = ENVS
+    cfg.agent.max_turns, cfg.model_tokens = 2, 8
+    report = run_audit(cfg)
+    rows = {r["strategy"]: r for r in report["strategies"]}
+    assert rows["first_result"]["tool_calls"] == 2  # it searched, then answered
+    firsts = [
+        json.loads(line)
+        for line in (tmp_path / "audit" / "episodes.jsonl").read_text().splitlines()
+        if "#first_result" in line
+    ]
+    docs = {p.stem for p in (Path(ENVS).parent / "mcp_docs").glob("*.md")}
+    assert len(firsts) == 2 and all(t["answer"] in docs for t in firsts)

@@ -220,6 +220,23 @@ def _answer(text: str, why: str) -> str:
     return Demonstrator._turn(why, ANSWER_TOOL, {"text": text or UNKNOWN})
 
 
+def search_tool(env: Environment) -> tuple[str, str] | None:
+    """The environment's search tool and its query argument: a tool named ``search`` or
+    ``<prefix>_search`` (as verifiers names a toolset's), taking ``query`` or else its one
+    required argument; None when there is none."""
+    for tool in env.tools():
+        f = tool["function"]
+        if f["name"] != "search" and not f["name"].endswith("_search"):
+            continue
+        params = f.get("parameters") or {}
+        required = params.get("required") or []
+        if "query" in (params.get("properties") or {}):
+            return f["name"], "query"
+        if len(required) == 1:
+            return f["name"], required[0]
+    return None
+
+
 class Trivial:
     """One trivial strategy on one task: ``first_result`` searches the question and answers
     with the first result's title; ``listed_title`` makes the plan's searches and answers with a
@@ -285,10 +302,10 @@ class Trivial:
                 arg = f"{arg}, line {plan[first][1]['start']}"
             return _answer(arg, why)
         if self.name == "first_result":
-            if self.turn == 1:
-                return Demonstrator._turn(
-                    "I search the question.", "search", {"query": self.task.prompt}
-                )
+            search = search_tool(self.env) if self.turn == 1 else None
+            if search is not None:
+                tool, arg = search
+                return Demonstrator._turn("I search the question.", tool, {arg: self.task.prompt})
             return _answer(titles[0] if titles else UNKNOWN, "The first result's title.")
         if self.name == "listed_title":
             hit = next((t for t in titles if self.env.score(self.task, t) >= 1.0), None)
