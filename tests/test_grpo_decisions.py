@@ -361,3 +361,20 @@ def test_the_trainer_gives_each_segment_its_episodes_advantage_and_weight(source
     fake.credit = {ep.id: (2, 2)}  # a decision group's member: its decision turn only
     decided, _, _, _ = GRPOTrainer.samples(fake, [ep], [0.25])
     assert sum(sum(s.loss_mask) for s in decided) < sum(sum(s.loss_mask) for s in samples)
+
+
+def test_an_episode_marked_by_a_tool_server_incident_is_left_out_of_the_update(source):
+    """An episode whose tool server was restarted during it (``env_incidents``) trains nothing:
+    its reward says nothing of the policy."""
+    import copy
+    from types import SimpleNamespace
+
+    from acmrl.train.grpo import GRPOTrainer
+
+    ep, _ = source
+    marked = copy.deepcopy(ep)
+    marked.traj.metrics["env_incidents"] = 1
+    fake = SimpleNamespace(cfg=GRPOConfig(), credit={}, branch_ids=set())
+    kept, adv, _, _ = GRPOTrainer.samples(fake, [ep, marked], [0.25, -0.25])
+    alone, _, _, _ = GRPOTrainer.samples(fake, [ep], [0.25])
+    assert kept and len(kept) == len(alone) and adv == [0.25] * len(kept)
