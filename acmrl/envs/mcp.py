@@ -98,9 +98,7 @@ class MCPConnection:
                 "env mcp needs the mcp package: pip install 'acmrl[mcp]' "
                 f"(importing it failed: {exc})"
             ) from None
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="mcp")
-        self._thread.start()
+        self._loop, self._thread = loop_thread("mcp")
         ready: Future = Future()
         before = _children()
         self._served = asyncio.run_coroutine_threadsafe(self._serve(ready), self._loop)
@@ -136,11 +134,7 @@ class MCPConnection:
                 served.cancel()
                 with contextlib.suppress(Exception):
                     served.result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        if thread is not None:
-            thread.join(timeout=10)
-        if thread is None or not thread.is_alive():
-            loop.close()
+        stop_loop(loop, thread)
         _stop(self._procs)
         self._procs = []
         self._queue = self._served = self._thread = None
@@ -265,6 +259,23 @@ class MCPConnection:
         except (FutureTimeout, TimeoutError):
             raise TimeoutError(name) from None
         return result_text(result), bool(getattr(result, "is_error", False))
+
+
+def loop_thread(name: str) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    """A new event loop, running on a daemon thread of its own."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True, name=name)
+    thread.start()
+    return loop, thread
+
+
+def stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread | None) -> None:
+    """Stop ``loop`` and its thread; the loop is closed once the thread has ended."""
+    loop.call_soon_threadsafe(loop.stop)
+    if thread is not None:
+        thread.join(timeout=10)
+    if thread is None or not thread.is_alive():
+        loop.close()
 
 
 def _children() -> dict[int, Any]:

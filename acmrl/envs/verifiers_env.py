@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from acmrl.envs.base import EnvError, Evidence, Plan, Session, Task
-from acmrl.envs.mcp import MCPConnection, ServedTools, _reason
+from acmrl.envs.mcp import MCPConnection, ServedTools, _reason, loop_thread, stop_loop
 
 
 def _verifiers() -> Any:
@@ -116,10 +116,8 @@ class ToolsetConnection(MCPConnection):
     def _launch(self) -> None:
         from verifiers.v1.mcp import serve
 
-        loop = asyncio.new_event_loop()
+        loop, self._launcher = loop_thread("vf-serve")
         self._launch_loop = loop
-        self._launcher = threading.Thread(target=loop.run_forever, daemon=True, name="vf-serve")
-        self._launcher.start()
         served: Future = Future()
         self._finished.clear()
 
@@ -171,11 +169,7 @@ class ToolsetConnection(MCPConnection):
         if not self._finished.wait(timeout=30) and self._task is not None:
             loop.call_soon_threadsafe(self._task.cancel)  # still starting: cancel it there
             self._finished.wait(timeout=30)
-        loop.call_soon_threadsafe(loop.stop)
-        if self._launcher is not None:
-            self._launcher.join(timeout=10)
-        if self._launcher is None or not self._launcher.is_alive():
-            loop.close()
+        stop_loop(loop, self._launcher)
         self._stop = self._task = self._launcher = None
 
 
@@ -184,8 +178,7 @@ class _Scorer:
     client between calls (an ``AsyncOpenAI`` judge) finds its loop alive on the next call."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, daemon=True, name="vf-score").start()
+        self.loop, _ = loop_thread("vf-score")
 
     def run(self, coro: Any, timeout: float | None) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=timeout)
@@ -447,36 +440,28 @@ class VerifiersEnv(ServedTools):
             raise RewardFailed(_reason(exc)) from None
         return float(trace.reward)
 
-    def score(self, task: Task, answer: str | None) -> float:
+    def score(self, task: Task, answer: str | None, incidents: list[str] | None = None) -> float:
         """The task's weighted reward sum for ``answer`` (0 without one, and 0 with a warning
-        when a reward fails; in an episode, the failure also marks it: ``env_incidents``)."""
+        when a reward fails; in an episode, the failure is added to its ``incidents``, which
+        mark it: ``env_incidents``)."""
         if answer is None:
             return 0.0
         try:
             return self._score(task, answer)
         except RewardFailed as exc:
+            marked = ""
+            if incidents is not None:
+                incidents.append(f"reward: {exc}")
+                marked = ", episode marked"
             warnings.warn(
-                f"verifiers: task {task.id}: a reward failed ({exc}); scored 0", stacklevel=2
+                f"verifiers: task {task.id}: a reward failed ({exc}); scored 0{marked}",
+                stacklevel=3,
             )
             return 0.0
 
     def session(self, task: Task) -> Session:
         s = super().session(task)
-
-        def scorer(answer: str | None) -> float:
-            if answer is None:
-                return 0.0
-            try:
-                return self._score(task, answer)
-            except RewardFailed as exc:
-                s.incidents.append(f"reward: {exc}")  # type: ignore[attr-defined]
-                warnings.warn(
-                    f"verifiers: task {task.id}: a reward failed ({exc}); scored 0, episode marked",
-                    stacklevel=2,
-                )
-                return 0.0
-
-        s._scorer = scorer
+        s._scorer = lambda answer: self.score(task, answer, s.incidents)  # type: ignore[attr-defined]
         return s
 
     def oracle_plan(self, task: Task) -> Plan:
