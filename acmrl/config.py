@@ -640,6 +640,17 @@ class TeacherConfig:
     )
     served_model: str | None = option(None, "llm: the teacher's name on those servers")
     max_tokens: int = option(400, "llm: most tokens of one assessment reply", min=16)
+    temperature: float = option(
+        0.0,
+        "llm: sampling temperature of the teacher's replies; 0: greedy (a retry then differs "
+        "only by the errors it is shown)",
+        min=0.0,
+    )
+    structured_output: bool = option(
+        True,
+        "llm: send the reply's JSON schema as OpenAI's response_format, which vLLM and acmrl "
+        "serve enforce (a reply that always parses); false for a server without it",
+    )
     topk: int = option(
         0, "top-k logprobs of a teacher model at each target position of the samples; 0: off", min=0
     )

@@ -152,12 +152,33 @@ def test_llm_teacher_evolve_code_must_run(tiny):
 
 
 def test_llm_teacher_with_a_real_model_fails_cleanly(tiny):
-    """The tiny random model cannot write JSON: the assessment is recorded as failed."""
+    """The tiny random model cannot write JSON unconstrained: the assessment is recorded as
+    failed. With the reply's schema as response_format (the default), every reply parses and
+    only the validators can refuse it."""
     task, ep = _student_episode(tiny, "react")
-    a = LLMTeacher(tiny, tiny.tokenizer, max_attempts=2, max_tokens=24).assess(
+    a = LLMTeacher(tiny, tiny.tokenizer, max_attempts=2, max_tokens=24, structured=False).assess(
         task, ep.traj, ep.budget, ep.tools
     )
-    assert not a.valid and a.attempts == 2 and a.errors
+    assert not a.valid and a.attempts == 2 and a.errors == ["the reply holds no JSON object"]
+    seen = []
+
+    class Recording:
+        def generate(self, reqs):
+            out = tiny.generate(reqs)
+            seen.extend(c.text for c in out)
+            return out
+
+        def release(self, session_id):
+            tiny.release(session_id)
+
+    a = LLMTeacher(Recording(), tiny.tokenizer, max_attempts=2, max_tokens=600).assess(
+        task, ep.traj, ep.budget, ep.tools
+    )
+    assert a.valid or not any("JSON" in e or "kind must" in e for e in a.errors), a.errors
+    objs = [json.loads(t) for t in seen]
+    assert objs and all(
+        o["kind"] in ("correction", "no_action") for o in objs
+    )  # react: no injection
 
 
 def test_annotate_builds_a_dataset_that_loads_and_retokenises(tiny, tmp_path):

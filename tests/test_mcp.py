@@ -305,6 +305,7 @@ def test_annotate_with_a_served_llm_teacher_on_the_mcp_server(tmp_path, tiny_mod
             1,
             16,
         )
+        cfg.teacher.structured_output = False  # a server without response_format
         stats = run_annotate(cfg)
     finally:
         proc.kill()

@@ -25,6 +25,8 @@ class Request:
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)  # strings that end the completion (kept in it)
     seed: int | None = None  # per-request sampling seed: the same seed gives the same sample
+    # OpenAI's structured-output field (acmrl/engines/structured.py); None: free text
+    response_format: dict | None = None
 
 
 @dataclass

@@ -36,6 +36,7 @@ from transformers.cache_utils import DynamicLayer
 
 from acmrl.context.prefix import reusable_prefix
 from acmrl.engines.base import Completion, Engine, EngineError, Request
+from acmrl.engines.structured import Constraint, Grammars
 from acmrl.models import cache_argument, cache_of
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, kv_heads, seq, head_dim]
@@ -59,6 +60,7 @@ class _Row:
     tokens: list[int]
     logprobs: list[float]
     finish: str | None = None
+    constraint: Constraint | None = None  # the request's response_format
 
 
 class _GrowingLayer(DynamicLayer):
@@ -153,6 +155,8 @@ class HFEngine(Engine):
         self.grow_in_place = grow_in_place and plain
         self._sessions: OrderedDict[str, _Cached] = OrderedDict()
         self._seeds = random.Random(seed)
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        self._grammars = Grammars(tokenizer, self.eos_ids, vocab)
 
     @classmethod
     def from_config(cls, model_cfg: Any, **kwargs: Any) -> HFEngine:
@@ -231,6 +235,8 @@ class HFEngine(Engine):
 
     def _sample(self, row: _Row, logits: torch.Tensor) -> None:
         req = row.req
+        if row.constraint is not None:
+            logits = row.constraint.mask(logits)
         if req.temperature > 0:
             logp = F.log_softmax(logits / req.temperature, dim=-1)
             probs = logp.exp()
@@ -244,7 +250,13 @@ class HFEngine(Engine):
             token = int(logits.argmax())
         row.tokens.append(token)
         row.logprobs.append(float(logp[token]))
-        if token in self.eos_ids or (req.stop and self._hit_stop(row)):
+        if row.constraint is not None:
+            row.constraint.consume(token)
+        if (
+            token in self.eos_ids
+            or (req.stop and self._hit_stop(row))
+            or (row.constraint is not None and row.constraint.done)
+        ):
             row.finish = "stop"
         elif len(row.tokens) >= req.max_tokens:
             row.finish = "length"
@@ -270,6 +282,7 @@ class HFEngine(Engine):
             seed = req.seed if req.seed is not None else self._seeds.getrandbits(63)
             gen = torch.Generator(device="cpu").manual_seed(seed)
             row = _Row(req, kv, len(req.prompt_ids), cached, gen, [], [])
+            row.constraint = self._grammars.constraint(req.response_format)
             self._sample(row, logits.cpu())
             rows.append(row)
         steps = self._decode(rows)

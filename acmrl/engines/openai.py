@@ -126,6 +126,8 @@ class OpenAIEngine(Engine):
             body["include_stop_str_in_output"] = True  # vLLM: keep the stop text, as hf does
         if req.seed is not None:
             body["seed"] = req.seed
+        if req.response_format is not None:
+            body["response_format"] = req.response_format
         return body
 
     def _one(self, req: Request) -> Completion:

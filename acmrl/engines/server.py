@@ -4,7 +4,8 @@ It lets several rollout workers share one model (and lets the ``openai`` engine 
 real server). ``POST /v1/completions`` takes a prompt as text or token ids and returns the text,
 the completion's token ids (``token_ids``, as vLLM's ``return_token_ids``), per-token logprobs and
 ``usage.prompt_tokens_details.cached_tokens``. The OpenAI ``user`` field names the session whose
-prefix cache the engine keeps. Concurrent requests are gathered for a few milliseconds and run as
+prefix cache the engine keeps. ``response_format`` (OpenAI's structured output, a JSON schema)
+constrains the reply (acmrl/engines/structured.py). Concurrent requests are gathered for a few milliseconds and run as
 one batch. Standard library only (``http.server``).
 
 With ``allow_adapter_loading`` it also takes vLLM's runtime adapter API: ``POST
@@ -29,6 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from acmrl.engines.base import Completion, Engine, EngineError, Request
+from acmrl.engines.structured import check_response_format
 
 
 class BadRequest(ValueError):
@@ -63,8 +65,14 @@ def parse_request(body: dict[str, Any], tokenizer: Any) -> Request:
         raise BadRequest(f"bad sampling parameter: {exc}") from None
     if max_tokens < 1 or temperature < 0 or not 0 < top_p <= 1:
         raise BadRequest("need max_tokens >= 1, temperature >= 0 and 0 < top_p <= 1")
+    try:
+        check_response_format(body.get("response_format"))
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
     session = str(body.get("user") or f"anon-{uuid.uuid4().hex}")
-    return Request(session, ids, max_tokens, temperature, top_p, stop, seed)
+    return Request(
+        session, ids, max_tokens, temperature, top_p, stop, seed, body.get("response_format")
+    )
 
 
 def completion_body(

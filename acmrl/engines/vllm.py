@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from acmrl.engines.base import Completion, Engine, EngineError, Request
+from acmrl.engines.structured import check_response_format
 
 
 def _import_vllm() -> Any:
@@ -107,7 +108,22 @@ class VLLMEngine(Engine):
             include_stop_str_in_output=True,
             seed=req.seed,
             logprobs=0,  # the sampled token's own logprob
+            **self._structured(req),
         )
+
+    def _structured(self, req: Request) -> dict[str, Any]:
+        """vLLM's own structured output for a request's ``response_format``
+        (``structured_outputs`` from vLLM 0.11, ``guided_decoding`` before)."""
+        try:
+            schema = check_response_format(req.response_format)
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
+        if schema is None:
+            return {}
+        params = self._vllm.sampling_params
+        if hasattr(params, "StructuredOutputsParams"):
+            return {"structured_outputs": params.StructuredOutputsParams(json=schema)}
+        return {"guided_decoding": params.GuidedDecodingParams(json=schema)}
 
     def generate(self, requests: list[Request]) -> list[Completion]:
         from vllm.inputs import TokensPrompt

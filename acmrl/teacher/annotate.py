@@ -71,6 +71,9 @@ def make_teacher(cfg: AnnotateConfig, env: Environment, student: Engine) -> Any:
         max_tokens=t.max_tokens,
         known_names=known_names(env),
         evidence=gold_evidence(env),
+        structured=t.structured_output,
+        temperature=t.temperature,
+        seed=cfg.seed,
     )
 
 

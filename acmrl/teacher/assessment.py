@@ -16,7 +16,8 @@ hyphens do not matter, and a run of two or more of a multi-word answer's words c
 material the student had not seen, mentions a teacher, reviewer, guidance or being told, is not the
 agent's own first-person thinking sentence by sentence, or is too short or too long; and an action
 the arm does not have, whose arguments do not fit its schema, or (``evolve``) whose code fails when
-it runs in the sandbox on the State the student had at that step.
+it runs in the sandbox on the State the student had at that step; and an answer that is not the
+reference answer.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from acmrl.context.render import check_arguments
+from acmrl.envs.base import ANSWER_TOOL
 from acmrl.envs.scoring import normalize_answer
 
 KINDS = ("injection", "correction", "no_action")
@@ -131,6 +133,7 @@ def validate(
             f"the rationale cites material the agent has not seen: {', '.join(sorted(unseen))}"
         )
     errors += _check_action(a, tools)
+    errors += _check_answer(a, refs)
     if not errors and state is not None and (a.action or {}).get("name") == "evolve":
         errors += _check_evolve(a.action["arguments"].get("code", ""), state, needed or [])
     return errors
@@ -211,6 +214,21 @@ def _unseen(rationale: str, seen: str, seen_norm: str, known: set[str]) -> set[s
     low = rationale.lower()
     cited |= {name for name in known if len(name) > 3 and name.lower() in low}
     return {c for c in cited if c not in seen and f" {normalize_answer(c)} " not in seen_norm}
+
+
+def _check_answer(a: Assessment, references: list[str]) -> list[str]:
+    """An edit that answers must give the reference answer (the normalised reference within the
+    normalised answer): a wrong answer is never the productive call."""
+    action = a.action if isinstance(a.action, dict) else {}
+    args = action.get("arguments")
+    if action.get("name") != ANSWER_TOOL or not isinstance(args, dict):
+        return []
+    given = f" {normalize_answer(str(args.get('text', '')))} "
+    if any(f" {normalize_answer(r)} " in given for r in references if normalize_answer(r)):
+        return []
+    return [
+        "the edit answers, but not with the reference answer: a wrong answer is never productive"
+    ]
 
 
 def _check_action(a: Assessment, tools: list[dict[str, Any]]) -> list[str]:

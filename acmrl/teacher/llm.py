@@ -6,19 +6,36 @@ steps (what it wrote, the calls, the results, the context size at each step). Th
 robustly (code fences and prose around the object are ignored) and checked by the validators; a
 reply that is not JSON or fails a validator is retried with the reasons, up to ``max_attempts``,
 and then recorded as a failed assessment, never silently dropped.
+
+With ``structured`` (the default) each request also carries the reply's JSON schema as OpenAI's
+``response_format`` (:func:`assessment_schema`: the kinds, the trajectory's step numbers, a
+rationale that starts with "I" and has 8 to 120 words, and one of the agent's tools with its own
+argument schema; an injection's action is a context tool). vLLM and ``acmrl serve`` then emit
+only replies of that shape, so even a small model's reply parses; the validators still decide
+whether it is a valid edit.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import zlib
 from collections.abc import Callable
 from typing import Any
 
 from acmrl.engines.base import Engine, Request
+from acmrl.engines.structured import json_schema_format
 from acmrl.envs.base import Task
 from acmrl.rollout.records import Trajectory
-from acmrl.teacher.assessment import KINDS, Assessment, seen_text, validate
+from acmrl.teacher.assessment import (
+    CONTEXT_ACTIONS,
+    KINDS,
+    MAX_WORDS,
+    MIN_WORDS,
+    Assessment,
+    seen_text,
+    validate,
+)
 
 TEACHER_PROMPT = """You review an AI agent's attempt at a task, to teach it when and how to manage its context.
 
@@ -42,7 +59,7 @@ using only what the agent had seen before that step. Never reveal the reference 
 agent had already seen it; never mention a teacher, coach, reviewer or feedback.
 
 Reply with JSON only:
-{{"kind": "injection" | "correction" | "no_action", "step": <step number>, "action": {{"name": "<tool>", "arguments": {{...}}}}, "rationale": "<first person>"}}"""
+{{"kind": "injection" | "correction" | "no_action", "step": <step number>, "rationale": "<first person>", "action": {{"name": "<tool>", "arguments": {{...}}}}}}"""
 
 RETRY = "Your reply was rejected: {errors}. Reply again with JSON only."
 
@@ -81,6 +98,55 @@ def parse_json_object(text: str) -> dict[str, Any]:
     raise ValueError("the reply holds no JSON object")
 
 
+def assessment_schema(n_steps: int, tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """The JSON schema of a reply about a trajectory of ``n_steps`` policy steps, whose agent
+    has ``tools`` (OpenAI function schemas): ``no_action``, or an edit at one of its steps with
+    a first-person rationale and a call of one of its tools (a context tool for an injection)."""
+    rationale = {
+        "type": "string",
+        # the first word is "I"; MIN_WORDS to MAX_WORDS words (of at most 40 characters) in all
+        "pattern": rf"^I( [^ ]{{1,40}}){{{MIN_WORDS - 1},{MAX_WORDS - 1}}}$",
+    }
+
+    def call(fn: dict[str, Any]) -> dict[str, Any]:
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        return {
+            "type": "object",
+            "properties": {"name": {"const": fn["name"]}, "arguments": params},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+
+    def edit(kind: str, fns: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "properties": {
+                "kind": {"const": kind},
+                "step": {"enum": list(range(n_steps))},
+                "rationale": rationale,
+                "action": {"anyOf": [call(f) for f in fns]},
+            },
+            "required": ["kind", "step", "rationale", "action"],
+            "additionalProperties": False,
+        }
+
+    fns = [t["function"] for t in tools]
+    context = [f for f in fns if f["name"] in CONTEXT_ACTIONS]
+    variants = [
+        {
+            "type": "object",
+            "properties": {"kind": {"const": "no_action"}},
+            "required": ["kind"],
+            "additionalProperties": False,
+        }
+    ]
+    if n_steps and fns:
+        variants.append(edit("correction", fns))
+    if n_steps and context:
+        variants.append(edit("injection", context))
+    return {"anyOf": variants[::-1]}
+
+
 def _steps_text(traj: Trajectory, max_chars: int) -> str:
     lines = []
     n = 0
@@ -116,6 +182,9 @@ class LLMTeacher:
         known_names: set[str] | None = None,
         evidence: Callable[[Task], list[tuple[str, str]]] | None = None,
         excerpt_chars: int = 500,
+        structured: bool = True,
+        temperature: float = 0.0,
+        seed: int = 0,
     ) -> None:
         """``evidence(task)``: the gold documents' ``(id, text)`` pairs the answer rests on
         (:func:`gold_evidence`); the prompt shows an excerpt of each, as the ACM reference's
@@ -124,6 +193,7 @@ class LLMTeacher:
         self.evidence, self.excerpt_chars = evidence, excerpt_chars
         self.max_attempts, self.max_tokens, self.max_chars = max_attempts, max_tokens, max_chars
         self.known_names = known_names or set()
+        self.structured, self.temperature, self.seed = structured, temperature, seed
 
     def _evidence_text(self, task: Task) -> str:
         docs = self.evidence(task) if self.evidence else []
@@ -165,11 +235,19 @@ class LLMTeacher:
             steps=_steps_text(traj, self.max_chars),
         )
         messages = [{"role": "user", "content": prompt}]
+        n_steps = sum(1 for s in traj.steps if s.call is not None and s.call.role == "policy")
+        schema = assessment_schema(n_steps, tools) if self.structured else None
         errors: list[str] = []
         for attempt in range(1, self.max_attempts + 1):
             req = Request(
-                f"teacher/{traj.episode_id}/{attempt}", self._ids(messages), self.max_tokens
+                f"teacher/{traj.episode_id}/{attempt}",
+                self._ids(messages),
+                self.max_tokens,
+                self.temperature,
+                seed=zlib.crc32(f"{self.seed}/{traj.episode_id}/{attempt}".encode()),
             )
+            if schema is not None:
+                req.response_format = json_schema_format("assessment", schema)
             reply = self.engine.generate([req])[0].text
             self.engine.release(req.session_id)
             a, errors = self._check(reply, task, traj, tools, state_at)

@@ -1,0 +1,134 @@
+"""Structured output (response_format): the transformers engine constrains a reply to a JSON
+schema, acmrl serve takes the field, the openai engine sends it, and the LLM teacher's replies
+then always parse, even from a random model."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from acmrl.engines.base import EngineError, Request
+from acmrl.engines.openai import OpenAIEngine
+from acmrl.engines.structured import check_response_format, json_schema_format
+from acmrl.teacher.llm import assessment_schema
+from tests.test_engine_openai import prompt, start_server
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "kind": {"enum": ["injection", "correction"]},
+        "step": {"enum": [0, 1, 2]},
+        "note": {"type": "string", "pattern": "^I( [^ ]{1,8}){2,5}$"},
+    },
+    "required": ["kind", "step", "note"],
+    "additionalProperties": False,
+}
+
+
+def test_the_random_model_writes_only_objects_of_the_schema(tiny_engine):
+    """A random model's free reply is no JSON; constrained, every sample is a valid object
+    and the reply ends with it (finish "stop", before max_tokens, nothing after the object)."""
+    tok = tiny_engine.tokenizer
+    ids = prompt(tok, "Reply with JSON.")
+    free = tiny_engine.generate([Request("free", ids, max_tokens=40)])[0]
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(free.text)
+    fmt = json_schema_format("edit", SCHEMA)
+    reqs = [
+        Request(f"s{i}", ids, 120, temperature=1.0, seed=i, response_format=fmt) for i in range(6)
+    ]
+    replies = tiny_engine.generate(reqs)
+    for c in replies:
+        obj = json.loads(c.text)
+        jsonschema.validate(obj, SCHEMA)
+        assert c.finish_reason == "stop" and len(c.completion_ids) < 120  # ended at the object
+        assert all(lp <= 0.0 for lp in c.logprobs)
+    assert len({c.text for c in replies}) > 1  # sampling still samples, within the schema
+    anything = tiny_engine.generate(
+        [Request("o", ids, 60, response_format={"type": "json_object"})]
+    )[0]
+    assert isinstance(json.loads(anything.text), dict) or anything.finish_reason == "length"
+
+
+def test_bad_response_formats_are_named():
+    assert check_response_format(None) is None
+    assert check_response_format({"type": "text"}) is None
+    assert check_response_format({"type": "json_object"}) == {"type": "object"}
+    with pytest.raises(ValueError, match="'type' is one of"):
+        check_response_format({"type": "xml"})
+    with pytest.raises(ValueError, match="needs 'json_schema'"):
+        check_response_format({"type": "json_schema", "json_schema": {"name": "x"}})
+
+
+def test_acmrl_serve_enforces_a_schema_the_openai_engine_sends(tiny_model_dir, tiny_engine):
+    proc, url = start_server(tiny_model_dir)
+    try:
+        eng = OpenAIEngine([url], "tiny", tiny_engine.tokenizer, max_retries=0)
+        ids = prompt(tiny_engine.tokenizer, "Reply with JSON.")
+        fmt = json_schema_format("edit", SCHEMA)
+        remote = eng.generate([Request("r", ids, 120, response_format=fmt)])[0]
+        here = tiny_engine.generate([Request("r", ids, 120, response_format=fmt)])[0]
+        jsonschema.validate(json.loads(remote.text), SCHEMA)
+        assert remote.completion_ids == here.completion_ids  # greedy: the same constrained reply
+        with pytest.raises(EngineError, match=r"HTTP 400.*response_format"):
+            eng.generate([Request("b", ids, 8, response_format={"type": "yaml"})])
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_assessment_schema_admits_the_arms_own_edits_only():
+    search = {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string"}},
+                "required": ["query"],
+            },
+        },
+    }
+    manage = {
+        "type": "function",
+        "function": {"name": "manage_context", "parameters": {"type": "object"}},
+    }
+    schema = assessment_schema(3, [search, manage])
+    rationale = "I have read the two results and still need the event's page."
+    ok = [
+        {"kind": "no_action"},
+        {
+            "kind": "correction",
+            "step": 2,
+            "rationale": rationale,
+            "action": {"name": "search", "arguments": {"query": "x"}},
+        },
+        {
+            "kind": "injection",
+            "step": 0,
+            "rationale": rationale,
+            "action": {"name": "manage_context", "arguments": {}},
+        },
+    ]
+    for obj in ok:
+        jsonschema.validate(obj, schema)
+    bad = [
+        {**ok[1], "step": 3},  # no such step
+        {**ok[2], "action": {"name": "search", "arguments": {"query": "x"}}},  # not a context tool
+        {**ok[1], "rationale": "The agent should search."},  # not first person
+        {**ok[1], "rationale": "I search."},  # too short
+        {**ok[1], "action": {"name": "search", "arguments": {}}},  # its schema's required field
+    ]
+    for obj in bad:
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(obj, schema)
+    # a react trajectory (no context tool) admits corrections only
+    react = assessment_schema(2, [search])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(ok[2], react)
+    assert [v["properties"]["kind"]["const"] for v in react["anyOf"]] == [
+        "correction",
+        "no_action",
+    ]
