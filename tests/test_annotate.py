@@ -159,7 +159,11 @@ def test_llm_teacher_with_a_real_model_fails_cleanly(tiny):
     a = LLMTeacher(tiny, tiny.tokenizer, max_attempts=2, max_tokens=24, structured=False).assess(
         task, ep.traj, ep.budget, ep.tools
     )
-    assert not a.valid and a.attempts == 2 and a.errors == ["the reply holds no JSON object"]
+    assert not a.valid and a.attempts == 2
+    assert a.errors == [
+        "the reply holds no JSON object",
+        "the reply was cut at 24 tokens: write a shorter one",
+    ]
     seen = []
 
     class Recording:

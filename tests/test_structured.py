@@ -44,12 +44,32 @@ def test_the_random_model_writes_only_objects_of_the_schema(tiny_engine):
         obj = json.loads(c.text)
         jsonschema.validate(obj, SCHEMA)
         assert c.finish_reason == "stop" and len(c.completion_ids) < 120  # ended at the object
-        assert all(lp <= 0.0 for lp in c.logprobs)
+        # logprobs of the constrained distribution: a token the schema forces (the key
+        # "step" after "kind"'s value) has probability 1
+        assert all(lp <= 0.0 for lp in c.logprobs) and 0.0 in c.logprobs
     assert len({c.text for c in replies}) > 1  # sampling still samples, within the schema
-    anything = tiny_engine.generate(
-        [Request("o", ids, 60, response_format={"type": "json_object"})]
-    )[0]
-    assert isinstance(json.loads(anything.text), dict) or anything.finish_reason == "length"
+    # one batch of constrained and free rows: each row keeps its own constraint
+    mixed = tiny_engine.generate(
+        [
+            Request("m0", ids, 40),
+            Request("m1", ids, 120, response_format=fmt),
+            Request("m2", ids, 60, response_format={"type": "json_object"}),
+        ]
+    )
+    assert mixed[0].text == free.text
+    jsonschema.validate(json.loads(mixed[1].text), SCHEMA)
+    assert mixed[2].finish_reason == "length" or isinstance(json.loads(mixed[2].text), dict)
+    assert mixed[2].text.startswith("{")
+
+
+def test_a_schema_that_cannot_be_enforced_fails_before_the_batch_runs(tiny_engine):
+    ids = prompt(tiny_engine.tokenizer, "Hello")
+    tiny_engine.generate([Request("kept", ids, 4)])
+    cached = tiny_engine.cached_tokens("kept")
+    bad = json_schema_format("x", {"type": "strnig"})
+    with pytest.raises(EngineError, match=r"schema is refused.*strnig"):
+        tiny_engine.generate([Request("kept", ids, 4), Request("bad", ids, 4, response_format=bad)])
+    assert cached > 0 and tiny_engine.cached_tokens("kept") == cached  # no session was touched
 
 
 def test_bad_response_formats_are_named():
@@ -74,6 +94,9 @@ def test_acmrl_serve_enforces_a_schema_the_openai_engine_sends(tiny_model_dir, t
         assert remote.completion_ids == here.completion_ids  # greedy: the same constrained reply
         with pytest.raises(EngineError, match=r"HTTP 400.*response_format"):
             eng.generate([Request("b", ids, 8, response_format={"type": "yaml"})])
+        bad = json_schema_format("x", {"type": "string", "pattern": "(("})
+        with pytest.raises(EngineError, match=r"HTTP 400.*cannot be enforced.*unclosed group"):
+            eng.generate([Request("b", ids, 8, response_format=bad)])
     finally:
         proc.kill()
         proc.wait()

@@ -692,3 +692,32 @@ def test_oracle_corrects_a_refused_or_lossy_evolve_program_with_its_own(env, tin
     assert OracleTeacher(env).assess(task, lossy.traj, 4096).kind == "no_action"
     _, c, _ = student(teacher_code)
     assert c.kind == "no_action", (c.step, c.rationale, c.action)
+
+
+def test_an_answer_edit_must_score_by_the_environments_own_metric(env, tiny):
+    """An edit that answers is checked by the environment's score: the reference in any surface
+    form the metric accepts passes, a wrong answer (or the reference inside a longer wrong one
+    where the metric is exact) is refused; without a scorer nothing is checked."""
+    task = env.tasks("eval")[0]
+    ep = run(env, task, "react", [*calls(env.oracle_plan(task)), "done"], tiny)
+    last = sum(1 for s in ep.traj.steps if s.call is not None and s.call.role == "policy") - 1
+    why = "I have read the page of the event held in that town in that year, so I can answer now."
+
+    def answering(text):
+        a = Assessment("correction", last, {"name": "answer", "arguments": {"text": text}}, why)
+        seen = seen_text(ep.traj, a.step, ep.renderer.tokenizer)
+        return validate(
+            a,
+            seen=seen,
+            reference=task.answer,
+            tools=ep.tools,
+            score=lambda t: env.score(task, t),
+        )
+
+    assert answering(task.answer) == []
+    assert answering(f"the {task.answer.upper()}.") == []  # the metric normalises
+    wrong = "the edit answers, but the answer scores below 1: a wrong answer is never productive"
+    assert answering("Amber Fair") == [wrong]
+    assert answering(f"{task.answer} or the Amber Fair") == [wrong]  # exact match: refused
+    a = Assessment("correction", last, {"name": "answer", "arguments": {"text": "x"}}, why)
+    assert validate(a, seen=ep.traj.prompt, reference=task.answer, tools=ep.tools) == []

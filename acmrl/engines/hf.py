@@ -155,8 +155,7 @@ class HFEngine(Engine):
         self.grow_in_place = grow_in_place and plain
         self._sessions: OrderedDict[str, _Cached] = OrderedDict()
         self._seeds = random.Random(seed)
-        vocab = self.model.get_output_embeddings().weight.shape[0]
-        self._grammars = Grammars(tokenizer, self.eos_ids, vocab)
+        self._grammars = Grammars(tokenizer, self.eos_ids)
 
     @classmethod
     def from_config(cls, model_cfg: Any, **kwargs: Any) -> HFEngine:
@@ -277,12 +276,14 @@ class HFEngine(Engine):
         read: list[_Cached] = []  # the batch's prompts read so far, which later rows may borrow
         for req in requests:
             self._check(req)
+        # a schema that cannot be enforced fails before any session's cache is touched
+        constraints = [self._grammars.constraint(r.response_format) for r in requests]
+        for req, constraint in zip(requests, constraints, strict=True):
             kv, cached, logits = self._prefill(req, read)
             read.append(_Cached(req.prompt_ids, kv))
             seed = req.seed if req.seed is not None else self._seeds.getrandbits(63)
             gen = torch.Generator(device="cpu").manual_seed(seed)
-            row = _Row(req, kv, len(req.prompt_ids), cached, gen, [], [])
-            row.constraint = self._grammars.constraint(req.response_format)
+            row = _Row(req, kv, len(req.prompt_ids), cached, gen, [], [], constraint=constraint)
             self._sample(row, logits.cpu())
             rows.append(row)
         steps = self._decode(rows)

@@ -30,7 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from acmrl.engines.base import Completion, Engine, EngineError, Request
-from acmrl.engines.structured import check_response_format
+from acmrl.engines.structured import check_response_format, schema_error
 
 
 class BadRequest(ValueError):
@@ -66,9 +66,11 @@ def parse_request(body: dict[str, Any], tokenizer: Any) -> Request:
     if max_tokens < 1 or temperature < 0 or not 0 < top_p <= 1:
         raise BadRequest("need max_tokens >= 1, temperature >= 0 and 0 < top_p <= 1")
     try:
-        check_response_format(body.get("response_format"))
+        schema = check_response_format(body.get("response_format"))
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
+    if schema is not None and (why := schema_error(schema)):
+        raise BadRequest(f"'response_format': the JSON schema cannot be enforced: {why}")
     session = str(body.get("user") or f"anon-{uuid.uuid4().hex}")
     return Request(
         session, ids, max_tokens, temperature, top_p, stop, seed, body.get("response_format")

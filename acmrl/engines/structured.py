@@ -7,8 +7,9 @@ accepts too: ``{"type": "json_schema", "json_schema": {"name": ..., "schema": {.
 ``openai`` engine sends it to its servers; the transformers engine (and so ``acmrl serve``)
 enforces it itself: before each token, the tokens that cannot continue a text the schema accepts
 are masked out (llguidance computes the mask from the schema and the tokenizer), and the reply
-ends once the object is complete (with no end-of-turn token after it). The reply's logprobs are those of the constrained
-distribution. Whitespace between JSON tokens is fixed (``", "`` and ``": "``), so that a small
+ends once the object is complete, with no end-of-turn token after it (vLLM emits one): such
+replies are for parsing, not for training a policy to stop. The reply's logprobs are those of
+the constrained distribution (vLLM returns the unconstrained ones by default). Whitespace between JSON tokens is fixed (``", "`` and ``": "``), so that a small
 model cannot fill its budget with blank lines.
 """
 
@@ -46,17 +47,35 @@ def check_response_format(rf: Any) -> dict[str, Any] | None:
     return schema
 
 
+def _grammar(schema: dict[str, Any]) -> str:
+    import llguidance
+
+    return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=_COMPILE)
+
+
+def schema_error(schema: dict[str, Any]) -> str:
+    """Why llguidance cannot enforce ``schema`` ("" when it can), checked without a tokenizer:
+    a server refuses such a request before it joins a batch."""
+    import llguidance
+
+    try:
+        return llguidance.LLMatcher.validate_grammar(_grammar(schema))
+    except ValueError as exc:
+        return str(exc)
+
+
 def json_schema_format(name: str, schema: dict[str, Any]) -> dict[str, Any]:
-    """The ``response_format`` that asks for a reply matching ``schema``."""
-    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+    """The ``response_format`` that asks for a reply matching ``schema`` (not OpenAI's "strict"
+    mode, which refuses a root ``anyOf`` and objects open to more properties)."""
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
 
 
 class Grammars:
     """Per-tokenizer factory of :class:`Constraint`; the tokenizer's llguidance form is built
     once (about a second)."""
 
-    def __init__(self, tokenizer: Any, eos_ids: set[int], vocab_size: int) -> None:
-        self.tokenizer, self.eos_ids, self.vocab_size = tokenizer, sorted(eos_ids), vocab_size
+    def __init__(self, tokenizer: Any, eos_ids: set[int]) -> None:
+        self.tokenizer, self.eos_ids = tokenizer, sorted(eos_ids)
         self._ll: Any = None
 
     def constraint(self, response_format: Any) -> Constraint | None:
@@ -76,21 +95,18 @@ class Grammars:
             ) from None
         if self._ll is None:
             self._ll = llguidance.hf.from_tokenizer(self.tokenizer, eos_token=self.eos_ids)
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(
-            json.dumps(schema), overrides=_COMPILE
-        )
-        matcher = llguidance.LLMatcher(self._ll, grammar, log_level=0)
+        matcher = llguidance.LLMatcher(self._ll, _grammar(schema), log_level=0)
         if matcher.is_error():
             raise EngineError(f"response_format: the JSON schema is refused: {matcher.get_error()}")
-        return Constraint(matcher, self.vocab_size)
+        return Constraint(matcher)
 
 
 class Constraint:
     """One completion's matcher: :meth:`mask` the logits before sampling, :meth:`consume` the
     token sampled."""
 
-    def __init__(self, matcher: Any, vocab_size: int) -> None:
-        self.matcher, self.vocab_size = matcher, vocab_size
+    def __init__(self, matcher: Any) -> None:
+        self.matcher = matcher
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` with every token the schema forbids next at -inf."""

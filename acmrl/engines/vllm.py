@@ -121,9 +121,12 @@ class VLLMEngine(Engine):
         if schema is None:
             return {}
         params = self._vllm.sampling_params
+        # fixed whitespace, as the transformers engine enforces it
         if hasattr(params, "StructuredOutputsParams"):
-            return {"structured_outputs": params.StructuredOutputsParams(json=schema)}
-        return {"guided_decoding": params.GuidedDecodingParams(json=schema)}
+            spec = params.StructuredOutputsParams(json=schema, disable_any_whitespace=True)
+            return {"structured_outputs": spec}
+        spec = params.GuidedDecodingParams(json=schema, disable_any_whitespace=True)
+        return {"guided_decoding": spec}
 
     def generate(self, requests: list[Request]) -> list[Completion]:
         from vllm.inputs import TokensPrompt

@@ -72,6 +72,7 @@ def make_teacher(cfg: AnnotateConfig, env: Environment, student: Engine) -> Any:
         known_names=known_names(env),
         evidence=gold_evidence(env),
         structured=t.structured_output,
+        score=env.score,
         temperature=t.temperature,
         seed=cfg.seed,
     )
@@ -100,6 +101,7 @@ def _assess(
                 known_names=known_names(env),
                 state=state_at(a.step) if evolve else None,
                 needed=_still_needed(env, task) if evolve else None,
+                score=lambda text: env.score(task, text),
             )
             a.valid = not a.errors
     return a

@@ -16,13 +16,14 @@ hyphens do not matter, and a run of two or more of a multi-word answer's words c
 material the student had not seen, mentions a teacher, reviewer, guidance or being told, is not the
 agent's own first-person thinking sentence by sentence, or is too short or too long; and an action
 the arm does not have, whose arguments do not fit its schema, or (``evolve``) whose code fails when
-it runs in the sandbox on the State the student had at that step; and an answer that is not the
-reference answer.
+it runs in the sandbox on the State the student had at that step; and an answer that the
+environment scores below 1.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -101,11 +102,13 @@ def validate(
     known_names: set[str] | None = None,
     state: list[dict[str, Any]] | None = None,
     needed: list[str] | None = None,
+    score: Callable[[str], float] | None = None,
 ) -> list[str]:
     """The reasons ``a`` is invalid (empty when it is valid). ``state`` is the State the student
     had at the edit: an ``evolve`` action's code is then run on it in the sandbox, and refused
     if its result lost one of the ``needed`` strings the State held (what the expert plan still
-    needs: ids to open, the answer; acmrl/arms/evolve_edits.py)."""
+    needs: ids to open, the answer; acmrl/arms/evolve_edits.py). ``score(text)`` is the
+    environment's score of an answer: an edit that answers must score 1 by it."""
     if a.kind not in KINDS:
         return [f"kind must be one of {', '.join(KINDS)}, got {a.kind!r}"]
     if a.kind == "no_action":
@@ -133,7 +136,8 @@ def validate(
             f"the rationale cites material the agent has not seen: {', '.join(sorted(unseen))}"
         )
     errors += _check_action(a, tools)
-    errors += _check_answer(a, refs)
+    if score is not None:
+        errors += _check_answer(a, score)
     if not errors and state is not None and (a.action or {}).get("name") == "evolve":
         errors += _check_evolve(a.action["arguments"].get("code", ""), state, needed or [])
     return errors
@@ -216,19 +220,16 @@ def _unseen(rationale: str, seen: str, seen_norm: str, known: set[str]) -> set[s
     return {c for c in cited if c not in seen and f" {normalize_answer(c)} " not in seen_norm}
 
 
-def _check_answer(a: Assessment, references: list[str]) -> list[str]:
-    """An edit that answers must give the reference answer (the normalised reference within the
-    normalised answer): a wrong answer is never the productive call."""
+def _check_answer(a: Assessment, score: Callable[[str], float]) -> list[str]:
+    """An edit that answers must give an answer the environment scores 1 (its own metric,
+    aliases and answer sets included): a wrong answer is never the productive call."""
     action = a.action if isinstance(a.action, dict) else {}
     args = action.get("arguments")
     if action.get("name") != ANSWER_TOOL or not isinstance(args, dict):
         return []
-    given = f" {normalize_answer(str(args.get('text', '')))} "
-    if any(f" {normalize_answer(r)} " in given for r in references if normalize_answer(r)):
+    if score(str(args.get("text", ""))) >= 1.0:
         return []
-    return [
-        "the edit answers, but not with the reference answer: a wrong answer is never productive"
-    ]
+    return ["the edit answers, but the answer scores below 1: a wrong answer is never productive"]
 
 
 def _check_action(a: Assessment, tools: list[dict[str, Any]]) -> list[str]:

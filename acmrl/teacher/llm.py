@@ -11,8 +11,9 @@ With ``structured`` (the default) each request also carries the reply's JSON sch
 ``response_format`` (:func:`assessment_schema`: the kinds, the trajectory's step numbers, a
 rationale that starts with "I" and has 8 to 120 words, and one of the agent's tools with its own
 argument schema; an injection's action is a context tool). vLLM and ``acmrl serve`` then emit
-only replies of that shape, so even a small model's reply parses; the validators still decide
-whether it is a valid edit.
+only replies of that shape, so even a small model's reply parses unless it is cut at
+``max_tokens`` (the retry is told so). The schema is stricter than the validators in one way,
+the rationale's first word "I"; the validators still decide whether it is a valid edit.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def assessment_schema(n_steps: int, tools: list[dict[str, Any]]) -> dict[str, An
     rationale = {
         "type": "string",
         # the first word is "I"; MIN_WORDS to MAX_WORDS words (of at most 40 characters) in all
-        "pattern": rf"^I( [^ ]{{1,40}}){{{MIN_WORDS - 1},{MAX_WORDS - 1}}}$",
+        "pattern": rf"^I( \S{{1,40}}){{{MIN_WORDS - 1},{MAX_WORDS - 1}}}$",
     }
 
     def call(fn: dict[str, Any]) -> dict[str, Any]:
@@ -185,6 +186,7 @@ class LLMTeacher:
         structured: bool = True,
         temperature: float = 0.0,
         seed: int = 0,
+        score: Callable[[Task, str], float] | None = None,
     ) -> None:
         """``evidence(task)``: the gold documents' ``(id, text)`` pairs the answer rests on
         (:func:`gold_evidence`); the prompt shows an excerpt of each, as the ACM reference's
@@ -194,6 +196,7 @@ class LLMTeacher:
         self.max_attempts, self.max_tokens, self.max_chars = max_attempts, max_tokens, max_chars
         self.known_names = known_names or set()
         self.structured, self.temperature, self.seed = structured, temperature, seed
+        self.score = score  # the environment's score of an answer: an answer edit must score 1
 
     def _evidence_text(self, task: Task) -> str:
         docs = self.evidence(task) if self.evidence else []
@@ -248,9 +251,12 @@ class LLMTeacher:
             )
             if schema is not None:
                 req.response_format = json_schema_format("assessment", schema)
-            reply = self.engine.generate([req])[0].text
+            out = self.engine.generate([req])[0]
+            reply = out.text
             self.engine.release(req.session_id)
             a, errors = self._check(reply, task, traj, tools, state_at)
+            if errors and out.finish_reason == "length":
+                errors.append(f"the reply was cut at {self.max_tokens} tokens: write a shorter one")
             if not errors:
                 a.attempts = attempt
                 return a
@@ -301,6 +307,7 @@ class LLMTeacher:
             tools=tools,
             known_names=self.known_names,
             state=state_at(a.step) if evolve and state_at is not None else None,
+            score=(lambda text: self.score(task, text)) if self.score else None,
         )
 
 
