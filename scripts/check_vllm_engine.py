@@ -5,13 +5,16 @@
 vLLM pins its own transformers and torch, so it lives in its own environment; this script needs
 only ``acmrl.engines`` (run it with PYTHONPATH pointing at the repository). It checks: token ids
 in and out, greedy determinism, logprobs of the sampled tokens, prefix-cache reuse reported on a
-session's second turn, stop strings, and optionally the first-turn tokens against the
+session's second turn, stop strings, structured output (a JSON schema as ``response_format``), and
+optionally the first-turn tokens against the
 transformers engine. It prints one line per check and exits non-zero on a failure.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import sys
 import time
 
@@ -25,6 +28,7 @@ def main() -> int:
     p.add_argument("--lora-merged", help="the same adapter merged into the model, for transformers")
     args = p.parse_args()
     from acmrl.engines.base import Request
+    from acmrl.engines.structured import json_schema_format
     from acmrl.engines.vllm import VLLMEngine
 
     t0 = time.perf_counter()
@@ -77,6 +81,47 @@ def main() -> int:
         len({tuple(x.completion_ids) for x in batch}) > 1,
         f"{[x.text[:20] for x in batch]}",
     )
+    # structured output: the request's response_format becomes vLLM's own structured output
+    schema = {
+        "type": "object",
+        "properties": {
+            "kind": {"enum": ["injection", "correction"]},
+            "step": {"enum": [0, 1, 2]},
+            "note": {"type": "string", "pattern": "^I( [a-z]{1,8}){2,5}$"},
+        },
+        "required": ["kind", "step", "note"],
+        "additionalProperties": False,
+    }
+    fmt = json_schema_format("edit", schema)
+    free_ids = list(
+        tok.apply_chat_template(
+            [{"role": "user", "content": "Name a colour."}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+    )
+    replies = eng.generate(
+        [
+            Request(f"j{i}", free_ids, 120, temperature=1.0, seed=i, response_format=fmt)
+            for i in range(4)
+        ]
+    )
+    objs = []
+    for r in replies:
+        try:
+            objs.append(json.loads(r.text))
+        except json.JSONDecodeError:
+            objs.append(None)
+    fits = [
+        isinstance(o, dict)
+        and set(o) == {"kind", "step", "note"}
+        and o["kind"] in ("injection", "correction")
+        and o["step"] in (0, 1, 2)
+        and re.fullmatch(r"I( [a-z]{1,8}){2,5}", o["note"]) is not None
+        for o in objs
+    ]
+    check("structured output (response_format)", all(fits), f"{[r.text for r in replies]}")
     if args.compare_hf:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -101,6 +101,18 @@ def test_validators_catch_leaks_unseen_citations_and_meta_talk(env, tiny):
         f"I read that {seen_name} is the next link, so I will search for it now.",
     )
     assert check(env, ep, fine) == []
+    # apostrophes inside words quote nothing; a quote after them still counts
+    contractions = Assessment(
+        "correction",
+        step,
+        search,
+        f"I'm sure {seen_name} is the next link. I'll search for it, since I don't know it yet.",
+    )
+    assert check(env, ep, contractions) == []
+    quoted = Assessment(
+        "correction", step, search, f"I'm going to look for '{town}' next, then I'll answer."
+    )
+    assert any("has not seen" in e and town in e for e in check(env, ep, quoted))
     meta = Assessment(
         "correction",
         step,

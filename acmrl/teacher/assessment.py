@@ -51,7 +51,8 @@ _THIRD = re.compile(
 _FIRST = re.compile(r"\b(I|I'm|I've|I'll|I'd|my|me|mine|myself)\b")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 _WORD = re.compile(r"[^\W_]+")
-_QUOTED = re.compile(r"[\"“']([^\"“”']{3,80})[\"”']")
+# quoted text; an apostrophe inside a word ("I'm", "don't") opens or closes no quote
+_QUOTED = re.compile(r"(?<![^\W_])[\"“']([^\"“”']{3,80})[\"”'](?![^\W_])")
 _DOC_ID = re.compile(r"\b[A-Za-z]+-\d{2,}\b")
 
 
