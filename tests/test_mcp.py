@@ -207,29 +207,41 @@ def test_a_server_killed_mid_episode_is_restarted_and_the_episode_marked(tmp_pat
     assert "env_incidents" in (tmp_path / "eval" / "episodes.csv").read_text().splitlines()[0]
 
 
-def test_the_cli_evaluates_a_model_on_the_mcp_server(tmp_path, tiny_model_dir):
-    """``acmrl eval env.name=mcp`` from the command line, on the tiny model."""
+ARMS = ("react", "summary", "memory", "acm", "evolve")
+
+
+def cli_eval_every_arm(out: Path, model: Path, env: list[str]) -> None:
+    """``acmrl eval`` from the command line on the tiny model, one task in each of the five arms:
+    every arm's tools, prompt and context handling run on the environment, and every episode
+    ends with a status and a score."""
     from typer.testing import CliRunner
 
     from acmrl.cli import app
 
-    out = tmp_path / "cli"
-    command = json.dumps(SERVER)
     args = [
         "eval",
-        f"model.name={tiny_model_dir}",
-        "env.name=mcp",
-        f"env.options={{tasks: {TASKS}, command: {command}}}",
+        f"model.name={model}",
+        *env,
         "env.limit=1",
-        "arms=[react,acm]",
+        f"arms=[{','.join(ARMS)}]",
         "agent.max_turns=2",
         "sampling.max_new_tokens=8",
         f"output={out}",
     ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert len((out / "episodes.jsonl").read_text().splitlines()) == 2
-    assert "| react |" in (out / "report.md").read_text()
+    trajs = read_trajectories(out / "episodes.jsonl")
+    assert sorted(t.arm for t in trajs) == sorted(ARMS)
+    assert all(t.status and t.score is not None and t.steps for t in trajs)
+    report = (out / "report.md").read_text()
+    assert all(f"| {arm} |" in report for arm in ARMS)
+
+
+def test_the_cli_evaluates_a_model_on_the_mcp_server(tmp_path, tiny_model_dir):
+    """``acmrl eval env.name=mcp`` from the command line, on the tiny model, in every arm."""
+    command = json.dumps(SERVER)
+    env = ["env.name=mcp", f"env.options={{tasks: {TASKS}, command: {command}}}"]
+    cli_eval_every_arm(tmp_path / "cli", tiny_model_dir, env)
 
 
 def test_audit_reports_what_it_can_without_a_plan(tmp_path, tiny_model_dir):

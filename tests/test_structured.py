@@ -155,3 +155,40 @@ def test_assessment_schema_admits_the_arms_own_edits_only():
         "correction",
         "no_action",
     ]
+
+
+def test_assessment_schema_leaves_out_what_would_be_refused_whatever_the_wording():
+    """query_memory names a summary that exists at its step (none before the first compaction:
+    left out there); an answer call gives the reference answer."""
+
+    def fn(name, **props):
+        params = {"type": "object", "properties": props, "required": list(props)}
+        return {"type": "function", "function": {"name": name, "parameters": params}}
+
+    tools = [
+        fn("answer", text={"type": "string"}),
+        fn("manage_context"),
+        fn("query_memory", summary_id={"type": "string"}, query={"type": "string"}),
+    ]
+    schema = assessment_schema(3, tools, [set(), {"S1"}, {"S1", "S2"}], ["Monday"])
+    why = "I compacted my notes before, and the day I need was in the steps I archived then."
+
+    def edit(kind, step, name, **args):
+        action = {"name": name, "arguments": args}
+        return {"kind": kind, "step": step, "rationale": why, "action": action}
+
+    for ok in (
+        edit("injection", 1, "query_memory", summary_id="S1", query="first day"),
+        edit("injection", 2, "query_memory", summary_id="S2", query="first day"),
+        edit("injection", 0, "manage_context"),
+        edit("correction", 0, "answer", text="Monday"),
+    ):
+        jsonschema.validate(ok, schema)
+    for bad in (
+        edit("injection", 0, "query_memory", summary_id="S1", query="first day"),  # none yet
+        edit("injection", 1, "query_memory", summary_id="S2", query="first day"),  # not yet
+        edit("injection", 2, "query_memory", summary_id="123456789", query="x"),
+        edit("correction", 0, "answer", text="Sunday"),
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)

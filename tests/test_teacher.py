@@ -733,3 +733,36 @@ def test_an_answer_edit_must_score_by_the_environments_own_metric(env, tiny):
     assert answering(f"{task.answer} or the Amber Fair") == [wrong]  # exact match: refused
     a = Assessment("correction", last, {"name": "answer", "arguments": {"text": "x"}}, why)
     assert validate(a, seen=ep.traj.prompt, reference=task.answer, tools=ep.tools) == []
+
+
+def test_a_query_memory_edit_must_name_a_summary_that_exists(env, tiny):
+    """query_memory names one of the summaries archived before the edit: before the first
+    compaction there is none, after it its id is the one to name."""
+    from acmrl.teacher.assessment import summaries_before
+
+    task = env.tasks("eval")[0]
+    plan = env.oracle_plan(task)
+    texts = [*calls(plan[:2]), calls([("manage_context", {})])[0], "done"]
+    ep = run(env, task, "acm", texts, tiny, max_context_tokens=4096)
+    assert summaries_before(ep.traj, 2) == set()
+    (sid,) = summaries_before(ep.traj, 3)
+    why = "My summary dropped the year I read, so I will look it up in my archived steps now."
+
+    def asking(step, summary_id):
+        args = {"summary_id": summary_id, "query": "the birth year"}
+        a = Assessment("injection", step, {"name": "query_memory", "arguments": args}, why)
+        return validate(
+            a,
+            seen=seen_text(ep.traj, step, ep.renderer.tokenizer),
+            reference=task.answer,
+            tools=ep.tools,
+            summaries=summaries_before(ep.traj, step),
+        )
+
+    assert asking(3, sid) == []
+    assert asking(3, "123456789") == [
+        f"query_memory names summary '123456789', which does not exist there (summaries: {sid})"
+    ]
+    assert asking(2, sid) == [
+        f"query_memory names summary '{sid}', which does not exist there (summaries: none yet)"
+    ]

@@ -16,7 +16,7 @@ from acmrl.engines.scripted import ScriptedEngine
 from acmrl.envs import EnvError, load
 from acmrl.eval.run import run_eval
 from acmrl.rollout.worker import read_trajectories
-from tests.test_mcp import check_reader_eval, reader
+from tests.test_mcp import check_reader_eval, cli_eval_every_arm, reader
 
 pytest.importorskip("verifiers.v1")
 psutil = pytest.importorskip("psutil")
@@ -302,6 +302,13 @@ def test_acmrl_eval_runs_the_verifiers_environment_in_react_and_acm(tmp_path, to
     assert report["arms"]["react"]["pass@1"] == 0.0
 
 
+def test_the_cli_evaluates_a_model_on_the_verifiers_environment_in_every_arm(
+    tmp_path, tiny_model_dir
+):
+    env = ["env.name=verifiers", f"env.options={{taskset: docs_qa, path: {ENVS}}}"]
+    cli_eval_every_arm(tmp_path / "cli", tiny_model_dir, env)
+
+
 def test_a_killed_toolset_server_is_restarted_and_the_episode_marked(tmp_path, tokenizer, env):
     cfg = eval_config(tmp_path)
     cfg.arms, cfg.env.limit = ["react"], 1
@@ -342,3 +349,20 @@ def test_audit_searches_with_the_toolsets_search_tool(tmp_path, tiny_model_dir):
     ]
     docs = {p.stem for p in (Path(ENVS).parent / "mcp_docs").glob("*.md")}
     assert len(firsts) == 2 and all(t["answer"] in docs for t in firsts)
+
+
+def test_a_reward_that_reads_the_rollouts_turns_is_named_at_load(tmp_path):
+    body = """
+        class T(Plain):
+            @vf.reward
+            async def few_calls(self, trace: vf.Trace) -> float:
+                return float(len(trace.tool_messages) <= 3)
+
+        TASKS = [T(Data(prompt="q"))]
+    """
+    path = write_taskset(tmp_path, "vf_turns", taskset_module(body))
+    with pytest.warns(UserWarning, match=r"T's reward\(s\) \['few_calls'\] read the rollout's"):
+        e = load("verifiers", taskset="vf_turns", path=path)
+    # it still scores, on the two-message trace: the inherited answer reward 1, and few_calls 1
+    # (it sees no tool message at all)
+    assert e.score(e.tasks("eval")[0], "x") == 2.0

@@ -21,7 +21,9 @@ verifiers starts a rollout's (the task, its ``State`` type, its system prompt an
 the submitted answer as the one reply (``trace.last_reply``); the score is the trace's weighted
 reward sum, and a score of 1 or more counts as a success, as everywhere in acmrl. The trace
 holds no intermediate turns (an arm rewrites its own context, so there is no one conversation
-to hand over): a reward that reads the tool calls sees none. ``@vf.metric`` values are not kept.
+to hand over): a reward that reads the tool calls sees none, and one whose source reads a field
+only a whole rollout fills (``tool_messages``, ``num_turns``, ``usage``, ...) is named in a
+warning at load. ``@vf.metric`` values are not kept.
 A reward that raises, or does not finish within the task's scoring timeout (else
 ``scoring_timeout_s``), scores 0 with a warning, and marks the episode (``env_incidents``).
 
@@ -56,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import re
 import sys
 import threading
 import warnings
@@ -77,6 +80,30 @@ def _verifiers() -> Any:
             f"pip install 'acmrl[verifiers]' (importing it failed: {exc})"
         ) from None
     return vf
+
+
+# the Trace fields that only a whole rollout fills; acmrl's scoring trace leaves them empty
+TURN_FIELDS = (
+    "tool_messages",
+    "assistant_messages",
+    "num_turns",
+    "num_input_tokens",
+    "num_output_tokens",
+    "num_total_tokens",
+    "usage",
+    "transcript",
+    "branches",
+)
+_TURNS = re.compile(r"\.(" + "|".join(TURN_FIELDS) + r")\b")
+
+
+def _reads_turns(fn: Any) -> bool:
+    """A reward whose source reads one of :data:`TURN_FIELDS` of its trace."""
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
+    return _TURNS.search(source) is not None
 
 
 class ToolsetConnection(MCPConnection):
@@ -314,6 +341,14 @@ class VerifiersEnv(ServedTools):
                 raise EnvError(
                     f"verifiers: {kind.__name__}'s reward(s) {runtime} need the task's runtime, "
                     "which acmrl does not run (verifiers would skip them and score with the rest)"
+                )
+            if turns := sorted(n for n, fn in scorers.items() if _reads_turns(fn)):
+                warnings.warn(
+                    f"verifiers: {kind.__name__}'s reward(s) {turns} read the rollout's turns "
+                    f"({', '.join(TURN_FIELDS)}); acmrl scores on a trace of the prompt and the "
+                    "answer alone (no tool message, one turn, no usage), so they may score "
+                    "otherwise than in a verifiers rollout",
+                    stacklevel=2,
                 )
         shapes = {
             tuple((type(s), s.config.model_dump_json()) for s in type(t).toolsets(t.config))

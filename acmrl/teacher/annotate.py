@@ -25,7 +25,7 @@ from acmrl.rollout.agent import Episode
 from acmrl.rollout.environment import build_environment
 from acmrl.rollout.records import Trajectory
 from acmrl.rollout.worker import JsonlLog, run_episodes
-from acmrl.teacher.assessment import Assessment, seen_text, validate
+from acmrl.teacher.assessment import Assessment, seen_text, summaries_before, validate
 from acmrl.teacher.dataset import build_dataset, read_records
 from acmrl.teacher.demonstrate import demonstrate
 from acmrl.teacher.llm import LLMTeacher, gold_evidence
@@ -102,6 +102,7 @@ def _assess(
                 state=state_at(a.step) if evolve else None,
                 needed=_still_needed(env, task) if evolve else None,
                 score=lambda text: env.score(task, text),
+                summaries=summaries_before(ep.traj, a.step),
             )
             a.valid = not a.errors
     return a

@@ -16,8 +16,8 @@ hyphens do not matter, and a run of two or more of a multi-word answer's words c
 material the student had not seen, mentions a teacher, reviewer, guidance or being told, is not the
 agent's own first-person thinking sentence by sentence, or is too short or too long; and an action
 the arm does not have, whose arguments do not fit its schema, or (``evolve``) whose code fails when
-it runs in the sandbox on the State the student had at that step; and an answer that the
-environment scores below 1.
+it runs in the sandbox on the State the student had at that step; an answer that the
+environment scores below 1; and a ``query_memory`` of a summary that does not exist at the edit.
 """
 
 from __future__ import annotations
@@ -94,6 +94,21 @@ def seen_text(traj: Any, step: int, tokenizer: Any = None) -> str:
     return "\n".join(parts)
 
 
+def summaries_before(traj: Any, step: int) -> set[str]:
+    """The ids of the summaries archived before policy step ``step`` (the agent's own
+    ``manage_context`` calls and the harness's forced compactions): what ``query_memory`` can
+    name there."""
+    ids: set[str] = set()
+    policy = 0
+    for s in traj.steps:
+        if s.call is not None and s.call.role == "policy":
+            if policy == step:
+                break
+            policy += 1
+        ids |= {e.summary_id for e in s.events if e.summary_id}
+    return ids
+
+
 def validate(
     a: Assessment,
     *,
@@ -104,12 +119,15 @@ def validate(
     state: list[dict[str, Any]] | None = None,
     needed: list[str] | None = None,
     score: Callable[[str], float] | None = None,
+    summaries: set[str] | None = None,
 ) -> list[str]:
     """The reasons ``a`` is invalid (empty when it is valid). ``state`` is the State the student
     had at the edit: an ``evolve`` action's code is then run on it in the sandbox, and refused
     if its result lost one of the ``needed`` strings the State held (what the expert plan still
     needs: ids to open, the answer; acmrl/arms/evolve_edits.py). ``score(text)`` is the
-    environment's score of an answer: an edit that answers must score 1 by it."""
+    environment's score of an answer: an edit that answers must score 1 by it. ``summaries``:
+    the summary ids archived before the edit (:func:`summaries_before`), which a
+    ``query_memory`` edit must name one of."""
     if a.kind not in KINDS:
         return [f"kind must be one of {', '.join(KINDS)}, got {a.kind!r}"]
     if a.kind == "no_action":
@@ -139,6 +157,8 @@ def validate(
     errors += _check_action(a, tools)
     if score is not None:
         errors += _check_answer(a, score)
+    if summaries is not None:
+        errors += _check_summary(a, summaries)
     if not errors and state is not None and (a.action or {}).get("name") == "evolve":
         errors += _check_evolve(a.action["arguments"].get("code", ""), state, needed or [])
     return errors
@@ -231,6 +251,19 @@ def _check_answer(a: Assessment, score: Callable[[str], float]) -> list[str]:
     if score(str(args.get("text", ""))) >= 1.0:
         return []
     return ["the edit answers, but the answer scores below 1: a wrong answer is never productive"]
+
+
+def _check_summary(a: Assessment, summaries: set[str]) -> list[str]:
+    """A ``query_memory`` edit names a summary that exists at the edit."""
+    action = a.action if isinstance(a.action, dict) else {}
+    args = action.get("arguments")
+    if action.get("name") != "query_memory" or not isinstance(args, dict):
+        return []
+    sid = str(args.get("summary_id", "")).strip()
+    if sid in summaries:
+        return []
+    have = ", ".join(sorted(summaries)) or "none yet"
+    return [f"query_memory names summary {sid!r}, which does not exist there (summaries: {have})"]
 
 
 def _check_action(a: Assessment, tools: list[dict[str, Any]]) -> list[str]:

@@ -12,7 +12,9 @@ With ``structured`` (the default) each request also carries the reply's JSON sch
 rationale that starts with "I" and has 8 to 120 words, and one of the agent's tools with its own
 argument schema; an injection's action is a context tool). vLLM and ``acmrl serve`` then emit
 only replies of that shape, so even a small model's reply parses unless it is cut at
-``max_tokens`` (the retry is told so). The schema is stricter than the validators in one way,
+``max_tokens`` (the retry is told so). Where a value would be refused whatever the wording, the
+schema leaves it out: ``query_memory`` names a summary that exists at its step, an ``answer``
+call gives the reference answer (a single one). It is stricter than the validators in one way,
 the rationale's first word "I"; the validators still decide whether it is a valid edit.
 """
 
@@ -26,7 +28,7 @@ from typing import Any
 
 from acmrl.engines.base import Engine, Request
 from acmrl.engines.structured import json_schema_format
-from acmrl.envs.base import Task
+from acmrl.envs.base import ANSWER_TOOL, Task
 from acmrl.rollout.records import Trajectory
 from acmrl.teacher.assessment import (
     CONTEXT_ACTIONS,
@@ -35,6 +37,7 @@ from acmrl.teacher.assessment import (
     MIN_WORDS,
     Assessment,
     seen_text,
+    summaries_before,
     validate,
 )
 
@@ -99,18 +102,34 @@ def parse_json_object(text: str) -> dict[str, Any]:
     raise ValueError("the reply holds no JSON object")
 
 
-def assessment_schema(n_steps: int, tools: list[dict[str, Any]]) -> dict[str, Any]:
+def assessment_schema(
+    n_steps: int,
+    tools: list[dict[str, Any]],
+    summaries: list[set[str]] | None = None,
+    answers: list[str] | None = None,
+) -> dict[str, Any]:
     """The JSON schema of a reply about a trajectory of ``n_steps`` policy steps, whose agent
     has ``tools`` (OpenAI function schemas): ``no_action``, or an edit at one of its steps with
-    a first-person rationale and a call of one of its tools (a context tool for an injection)."""
+    a first-person rationale and a call of one of its tools (a context tool for an injection).
+    Where the validators would refuse a value whatever the wording, the schema leaves it out:
+    given ``summaries`` (the ids archived before each step), ``query_memory`` names one of those
+    at its step and is left out where there is none; given ``answers`` (the reference answers),
+    an ``answer`` call gives one of them."""
     rationale = {
         "type": "string",
         # the first word is "I"; MIN_WORDS to MAX_WORDS words (of at most 40 characters) in all
         "pattern": rf"^I( \S{{1,40}}){{{MIN_WORDS - 1},{MAX_WORDS - 1}}}$",
     }
 
-    def call(fn: dict[str, Any]) -> dict[str, Any]:
+    def call(fn: dict[str, Any], ids: frozenset[str] | None) -> dict[str, Any] | None:
         params = fn.get("parameters") or {"type": "object", "properties": {}}
+        pinned = {"query_memory": ("summary_id", ids), ANSWER_TOOL: ("text", answers)}
+        field, values = pinned.get(fn["name"], ("", None))
+        if values is not None:
+            if not values:
+                return None  # nothing it could validly name here
+            props = {**params.get("properties", {}), field: {"enum": sorted(values)}}
+            params = {**params, "properties": props}
         return {
             "type": "object",
             "properties": {"name": {"const": fn["name"]}, "arguments": params},
@@ -118,14 +137,17 @@ def assessment_schema(n_steps: int, tools: list[dict[str, Any]]) -> dict[str, An
             "additionalProperties": False,
         }
 
-    def edit(kind: str, fns: list[dict[str, Any]]) -> dict[str, Any]:
+    def edit(kind: str, steps: list[int], fns: list[dict[str, Any]], ids: Any) -> Any:
+        calls = [c for f in fns if (c := call(f, ids)) is not None]
+        if not steps or not calls:
+            return None
         return {
             "type": "object",
             "properties": {
                 "kind": {"const": kind},
-                "step": {"enum": list(range(n_steps))},
+                "step": {"enum": steps},
                 "rationale": rationale,
-                "action": {"anyOf": [call(f) for f in fns]},
+                "action": {"anyOf": calls},
             },
             "required": ["kind", "step", "rationale", "action"],
             "additionalProperties": False,
@@ -133,19 +155,25 @@ def assessment_schema(n_steps: int, tools: list[dict[str, Any]]) -> dict[str, An
 
     fns = [t["function"] for t in tools]
     context = [f for f in fns if f["name"] in CONTEXT_ACTIONS]
+    # the steps grouped by the summaries that exist there (one group when they are not given)
+    groups: dict[frozenset[str] | None, list[int]] = {}
+    for k in range(n_steps):
+        groups.setdefault(frozenset(summaries[k]) if summaries else None, []).append(k)
     variants = [
+        v
+        for kind, kinds_fns in (("injection", context), ("correction", fns))
+        for ids, steps in groups.items()
+        if (v := edit(kind, steps, kinds_fns, ids)) is not None
+    ]
+    variants.append(
         {
             "type": "object",
             "properties": {"kind": {"const": "no_action"}},
             "required": ["kind"],
             "additionalProperties": False,
         }
-    ]
-    if n_steps and fns:
-        variants.append(edit("correction", fns))
-    if n_steps and context:
-        variants.append(edit("injection", context))
-    return {"anyOf": variants[::-1]}
+    )
+    return {"anyOf": variants}
 
 
 def _steps_text(traj: Trajectory, max_chars: int) -> str:
@@ -239,7 +267,10 @@ class LLMTeacher:
         )
         messages = [{"role": "user", "content": prompt}]
         n_steps = sum(1 for s in traj.steps if s.call is not None and s.call.role == "policy")
-        schema = assessment_schema(n_steps, tools) if self.structured else None
+        summaries = [summaries_before(traj, k) for k in range(n_steps)]
+        # a single reference answer pins an answer call; an answer set is left to the score
+        answers = [task.answer] if isinstance(task.answer, str) else None
+        schema = assessment_schema(n_steps, tools, summaries, answers) if self.structured else None
         errors: list[str] = []
         for attempt in range(1, self.max_attempts + 1):
             req = Request(
@@ -308,6 +339,7 @@ class LLMTeacher:
             known_names=self.known_names,
             state=state_at(a.step) if evolve and state_at is not None else None,
             score=(lambda text: self.score(task, text)) if self.score else None,
+            summaries=summaries_before(traj, a.step),
         )
 
 
