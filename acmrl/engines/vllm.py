@@ -19,6 +19,29 @@ from acmrl.engines.base import Completion, Engine, EngineError, Request
 from acmrl.engines.structured import check_response_format
 
 
+def _fixed_whitespace() -> dict[str, Any]:
+    """Engine arguments that keep structured output's JSON free of optional whitespace, as the
+    transformers engine does (a small model otherwise fills its reply with blank lines), with
+    llguidance as the backend, as in the transformers engine. vLLM reads this per engine, not
+    per request (``structured_outputs_config`` from 0.11; before, ``guided_decoding_*``).
+    ``llm_kwargs`` given to the engine override it."""
+    import dataclasses
+    import importlib
+
+    args = importlib.import_module("vllm.engine.arg_utils").EngineArgs
+    fields = {f.name for f in dataclasses.fields(args)}
+    if "structured_outputs_config" in fields:
+        return {
+            "structured_outputs_config": {"backend": "guidance", "disable_any_whitespace": True}
+        }
+    if "guided_decoding_disable_any_whitespace" in fields:
+        return {
+            "guided_decoding_backend": "guidance",
+            "guided_decoding_disable_any_whitespace": True,
+        }
+    return {}
+
+
 def _import_vllm() -> Any:
     try:
         import vllm
@@ -60,6 +83,7 @@ class VLLMEngine(Engine):
         }
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
+        kwargs = {**_fixed_whitespace(), **kwargs}
         if lora_path is not None or enable_lora:
             kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank)
         import torch
@@ -121,7 +145,8 @@ class VLLMEngine(Engine):
         if schema is None:
             return {}
         params = self._vllm.sampling_params
-        # fixed whitespace, as the transformers engine enforces it
+        # fixed whitespace, as the transformers engine enforces it (where vLLM reads it per
+        # request; newer versions read the engine's setting, _fixed_whitespace)
         if hasattr(params, "StructuredOutputsParams"):
             spec = params.StructuredOutputsParams(json=schema, disable_any_whitespace=True)
             return {"structured_outputs": spec}
