@@ -23,7 +23,7 @@ environment scores below 1; and a ``query_memory`` of a summary that does not ex
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -72,17 +72,23 @@ class Assessment:
         return asdict(self)
 
 
+def steps_before(traj: Any, step: int) -> Iterator[Any]:
+    """The steps of ``traj`` before its policy step ``step`` (harness steps included)."""
+    policy = 0
+    for s in traj.steps:
+        if s.call is not None and s.call.role == "policy":
+            if policy == step:
+                return
+            policy += 1
+        yield s
+
+
 def seen_text(traj: Any, step: int, tokenizer: Any = None) -> str:
     """Everything the student had read before policy step ``step``: the task and observations,
     and, given the ``tokenizer`` that decodes them, the summaries its compactions put in its
     context (the summariser's replies)."""
     parts = [traj.prompt]
-    policy = 0
-    for s in traj.steps:
-        if s.call is not None and s.call.role == "policy":
-            if policy == step:
-                break
-            policy += 1
+    for s in steps_before(traj, step):
         parts.append(s.text)
         parts.extend(s.observations)
         if tokenizer is not None:
@@ -98,15 +104,7 @@ def summaries_before(traj: Any, step: int) -> set[str]:
     """The ids of the summaries archived before policy step ``step`` (the agent's own
     ``manage_context`` calls and the harness's forced compactions): what ``query_memory`` can
     name there."""
-    ids: set[str] = set()
-    policy = 0
-    for s in traj.steps:
-        if s.call is not None and s.call.role == "policy":
-            if policy == step:
-                break
-            policy += 1
-        ids |= {e.summary_id for e in s.events if e.summary_id}
-    return ids
+    return {e.summary_id for s in steps_before(traj, step) for e in s.events if e.summary_id}
 
 
 def validate(
