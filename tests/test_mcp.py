@@ -335,11 +335,15 @@ def test_annotate_with_a_served_llm_teacher_on_the_mcp_server(tmp_path, tiny_mod
     assert sum(len(p.read_text().splitlines()) for p in records) == 2
 
 
-def test_annotate_splices_a_valid_llm_edit_into_the_mcp_environment(tmp_path, tiny_model_dir):
-    """A served teacher whose assessments are valid: acmrl's completions server in front of a
-    scripted reply, in place of a strong model (which does not run here). The HTTP path, each
-    correction spliced into the student's run, the student resuming through the live MCP
-    server and the card's count of edits by kind are real."""
+def annotate_with_a_served_valid_teacher(
+    tmp_path: Path, model: Path, env: tuple[str, dict], search: str
+) -> None:
+    """``acmrl annotate`` on ``env`` (name, options; its first 2 train tasks) with a served
+    teacher whose assessments are valid: acmrl's completions server in front of a scripted
+    reply, in place of a strong model (which does not run here). The HTTP path, each
+    correction (a call of the environment's ``search`` tool) spliced into the student's run,
+    the student resuming through the live tool server and the card's count of edits by kind
+    are real."""
     import threading
 
     from acmrl.engines.scripted import ScriptedEngine
@@ -350,10 +354,10 @@ def test_annotate_splices_a_valid_llm_edit_into_the_mcp_environment(tmp_path, ti
     correction = {
         "kind": "correction",
         "step": 0,
-        "action": {"name": "search", "arguments": {"query": "python module documentation"}},
+        "action": {"name": search, "arguments": {"query": "python module documentation"}},
         "rationale": "I have not read any document yet, so I search the documentation first.",
     }
-    tok = load_tokenizer(str(tiny_model_dir))
+    tok = load_tokenizer(str(model))
     asked: list[str] = []
 
     def reply(session: str, prompt: str) -> str:
@@ -364,9 +368,10 @@ def test_annotate_splices_a_valid_llm_edit_into_the_mcp_environment(tmp_path, ti
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        cfg = annotate_config(tmp_path, tiny_model_dir, [url], turns=3)
+        cfg = annotate_config(tmp_path, model, [url], turns=3)
+        cfg.env.name, cfg.env.options = env
         cfg.demonstrations, cfg.resumes = False, 1
-        cfg.teacher.model, cfg.teacher.served_model = str(tiny_model_dir), "teacher"
+        cfg.teacher.model, cfg.teacher.served_model = str(model), "teacher"
         stats = run_annotate(cfg)
     finally:
         server.shutdown()
@@ -385,3 +390,8 @@ def test_annotate_splices_a_valid_llm_edit_into_the_mcp_environment(tmp_path, ti
     for traj in resumed:  # the correction's search ran on the server, in the resumed run
         obs = [o for s in traj["steps"] for o in s["observations"]]
         assert any(o.startswith("[") and "] " in o for o in obs), obs
+
+
+def test_annotate_splices_a_valid_llm_edit_into_the_mcp_environment(tmp_path, tiny_model_dir):
+    env = ("mcp", {"tasks": TASKS, "command": SERVER})
+    annotate_with_a_served_valid_teacher(tmp_path, tiny_model_dir, env, "search")

@@ -16,7 +16,12 @@ from acmrl.engines.scripted import ScriptedEngine
 from acmrl.envs import EnvError, load
 from acmrl.eval.run import run_eval
 from acmrl.rollout.worker import read_trajectories
-from tests.test_mcp import check_reader_eval, cli_eval_every_arm, reader
+from tests.test_mcp import (
+    annotate_with_a_served_valid_teacher,
+    check_reader_eval,
+    cli_eval_every_arm,
+    reader,
+)
 
 pytest.importorskip("verifiers.v1")
 psutil = pytest.importorskip("psutil")
@@ -366,3 +371,11 @@ def test_a_reward_that_reads_the_rollouts_turns_is_named_at_load(tmp_path):
     # it still scores, on the two-message trace: the inherited answer reward 1, and few_calls 1
     # (it sees no tool message at all)
     assert e.score(e.tasks("eval")[0], "x") == 2.0
+
+
+def test_annotate_splices_a_valid_llm_edit_into_the_verifiers_environment(tmp_path, tiny_model_dir):
+    """The LLM teacher on a verifiers environment: the taskset's answers and evidence in its
+    prompt, corrections calling the toolset's prefixed search tool, resumed through the
+    toolset's server."""
+    env = ("verifiers", {"taskset": "docs_qa", "path": ENVS})
+    annotate_with_a_served_valid_teacher(tmp_path, tiny_model_dir, env, "docs_search")
