@@ -395,3 +395,49 @@ def annotate_with_a_served_valid_teacher(
 def test_annotate_splices_a_valid_llm_edit_into_the_mcp_environment(tmp_path, tiny_model_dir):
     env = ("mcp", {"tasks": TASKS, "command": SERVER})
     annotate_with_a_served_valid_teacher(tmp_path, tiny_model_dir, env, "search")
+
+
+def test_without_a_plan_an_evolve_edit_must_keep_the_answer_and_the_evidence():
+    """An environment without an expert plan: what an LLM teacher's evolve edit must keep, if
+    the State holds it, is the task's answer and its evidence sentences; a program that wipes
+    the read document is refused by name, one that keeps it passes."""
+    from acmrl.arms.evolve_edits import still_needed
+    from acmrl.context.state import function_call, function_call_output, user
+    from acmrl.teacher.assessment import Assessment, validate
+
+    task = read_tasks(TASKS)["train"][0]
+    (evidence,) = task.metadata["evidence"]
+    needed = still_needed(task, None)
+    assert needed == sorted({task.answer, evidence})
+    state = [
+        user(task.prompt),
+        function_call("c0", "read", {"doc_id": "calendar"}),
+        function_call_output("c0", f"[calendar] ... {evidence} ..."),
+    ]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "evolve",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"code": {"type": "string"}},
+                    "required": ["code"],
+                },
+            },
+        }
+    ]
+    why = "My context is nearly full, so I will keep only what I read that the question needs."
+
+    def check(code: str) -> list[str]:
+        a = Assessment("injection", 1, {"name": "evolve", "arguments": {"code": code}}, why)
+        seen = json.dumps(state)
+        return validate(
+            a, seen=seen, reference=task.answer, tools=tools, state=state, needed=needed
+        )
+
+    wipe = "return state.map(i => i.type === 'function_call_output' ? {...i, output: 'x'} : i);"
+    assert check(wipe) == [
+        f"the evolve code drops what the task still needs: {task.answer}, {evidence}"
+    ]
+    assert check("return state;") == []

@@ -162,9 +162,13 @@ def keep_facts_code(
     return f"{head}return state.map((i, n) => {body});"
 
 
-def still_needed(task: Task, plan: list[tuple[str, dict[str, Any]]]) -> list[str]:
+def still_needed(task: Task, plan: list[tuple[str, dict[str, Any]]] | None) -> list[str]:
     """Strings an edit must not drop when the State holds them: every id or path the plan opens
-    or reads, and the answer."""
+    or reads, and the answer; without a plan (None), the answer and the evidence sentences the
+    task gives (``task.metadata["evidence"]``, e.g. an MCP task file's)."""
+    if plan is None:
+        evidence = [str(e) for e in task.metadata.get("evidence") or [] if str(e).strip()]
+        return sorted({*_answers(task), *evidence})
     out = [str(v) for name, args in plan if name in ("open", "read_file") for k, v in args.items()]
     return sorted({*(v for v in out if not v.isdigit()), *_answers(task)})
 

@@ -73,6 +73,7 @@ def make_teacher(cfg: AnnotateConfig, env: Environment, student: Engine) -> Any:
         evidence=gold_evidence(env),
         structured=t.structured_output,
         score=env.score,
+        needed=lambda task: _still_needed(env, task),
         temperature=t.temperature,
         seed=cfg.seed,
     )
@@ -112,9 +113,10 @@ def _still_needed(env: Environment, task: Task) -> list[str]:
     from acmrl.arms.evolve_edits import still_needed
 
     try:
-        return still_needed(task, env.oracle_plan(task))
-    except NotImplementedError:  # an environment without an expert plan: no such check
-        return []
+        plan = env.oracle_plan(task)
+    except NotImplementedError:  # an environment without an expert plan
+        plan = None
+    return still_needed(task, plan)
 
 
 def annotate_tasks(

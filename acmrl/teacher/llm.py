@@ -215,6 +215,7 @@ class LLMTeacher:
         temperature: float = 0.0,
         seed: int = 0,
         score: Callable[[Task, str], float] | None = None,
+        needed: Callable[[Task], list[str]] | None = None,
     ) -> None:
         """``evidence(task)``: the gold documents' ``(id, text)`` pairs the answer rests on
         (:func:`gold_evidence`); the prompt shows an excerpt of each, as the ACM reference's
@@ -225,6 +226,7 @@ class LLMTeacher:
         self.known_names = known_names or set()
         self.structured, self.temperature, self.seed = structured, temperature, seed
         self.score = score  # the environment's score of an answer: an answer edit must score 1
+        self.needed = needed  # what an evolve edit must keep if the State holds it
 
     def _evidence_text(self, task: Task) -> str:
         docs = self.evidence(task) if self.evidence else []
@@ -338,6 +340,7 @@ class LLMTeacher:
             tools=tools,
             known_names=self.known_names,
             state=state_at(a.step) if evolve and state_at is not None else None,
+            needed=self.needed(task) if evolve and self.needed else None,
             score=(lambda text: self.score(task, text)) if self.score else None,
             summaries=summaries_before(traj, a.step),
         )
