@@ -191,6 +191,35 @@ def test_acmrl_eval_runs_on_the_mcp_server_in_react_and_acm(tmp_path, tokenizer)
     assert any("Each instance of this class manages its own queue" in o for o in obs)
 
 
+def test_acmrl_eval_runs_on_a_server_given_by_url(tmp_path, tokenizer):
+    """``url``: the same server on the streamable HTTP transport, started apart from acmrl (as
+    a user's running service); the eval is the reader's, in react and acm."""
+    import socket
+    import subprocess
+    import time
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    proc = subprocess.Popen([*SERVER, "--http", str(port)], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        cfg = eval_config(tmp_path, SERVER)
+        cfg.env.options = {"tasks": TASKS, "url": f"http://127.0.0.1:{port}/mcp"}
+        tasks = {t.prompt: t.answer for t in read_tasks(TASKS)["eval"]}
+        report = run_eval(cfg, engine=ScriptedEngine(tokenizer, reader(tasks)))
+    finally:
+        proc.kill()
+        proc.wait()
+    check_reader_eval(report, tmp_path / "eval")
+
+
 def test_a_server_killed_mid_episode_is_restarted_and_the_episode_marked(tmp_path, tokenizer):
     pid = tmp_path / "server.pid"
     cfg = eval_config(tmp_path, [*SERVER, "--pid-file", str(pid)])
