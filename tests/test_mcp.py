@@ -87,6 +87,19 @@ def test_bad_task_files_and_options_are_named(tmp_path):
     bad.write_text('{"prompt": "q?", "answer": "New York", "aliases": ["NYC"]}\n')
     (task,) = read_tasks(bad)["eval"]
     assert task.metadata["aliases"] == {"New York": ["NYC"]}
+    bad.write_text(
+        '{"prompt": "q?", "answer": "New York", "aliases": ["NYC"]}\n'
+        '{"prompt": "r?", "answer": ["Oslo", "Bergen"], "answer_set": true}\n'
+    )
+    e = load("mcp", tasks=str(bad), command=SERVER)
+    try:
+        alias, answer_set = e.tasks("eval")
+        # scored by the environment: an alias is the answer; an answer set needs every item
+        assert e.score(alias, "nyc") == 1.0 and e.score(alias, "Boston") == 0.0
+        assert e.score(answer_set, "Bergen, Oslo") == 1.0
+        assert 0.0 < e.score(answer_set, "Oslo") < 1.0
+    finally:
+        e.close()
     with pytest.raises(EnvError, match="exactly one of command"):
         load("mcp", tasks=TASKS)
     with pytest.raises(EnvError, match="cannot start the server"):
@@ -470,3 +483,37 @@ def test_without_a_plan_an_evolve_edit_must_keep_the_answer_and_the_evidence():
         f"the evolve code drops what the task still needs: {task.answer}, {evidence}"
     ]
     assert check("return state;") == []
+
+
+def test_the_judge_metric_scores_the_mcp_tasks(tiny_model_dir, monkeypatch):
+    """``metric: judge`` on an MCP task file: every score goes through env.judge (the tiny model
+    under transformers, its verdict decided by a stand-in as a capable judge would, on the
+    real prompts), so a paraphrase of the reference scores 1 where em would give 0."""
+    from acmrl.config import EnvConfig
+    from acmrl.rollout import judge as judge_mod
+    from acmrl.rollout.environment import build_environment
+
+    prompts: list[str] = []
+    real = judge_mod.llm_judge
+
+    def recording(complete, **kw):
+        def decide(prompt: str) -> str:
+            prompts.append(prompt)
+            assert isinstance(complete(prompt), str)  # the engine still answers for real
+            said = prompt.split("Response:")[1].split("\n")[0].casefold()
+            ref = prompt.split("Reference answer:")[1].split("\n")[0].strip().casefold()
+            return '{"verdict": "correct"}' if ref in said else '{"verdict": "incorrect"}'
+
+        return real(decide, **kw)
+
+    monkeypatch.setattr(judge_mod, "llm_judge", recording)
+    cfg = EnvConfig(name="mcp", options={"tasks": TASKS, "command": SERVER, "metric": "judge"})
+    cfg.judge.model = str(tiny_model_dir)
+    env = build_environment(cfg)
+    try:
+        task = env.tasks("train")[0]  # the calendar's first weekday: Monday
+        assert env.score(task, "The calendars start their weeks on monday.") == 1.0
+        assert env.score(task, "Sunday") == 0.0
+    finally:
+        env.close()
+    assert len(prompts) == 2 and task.prompt in prompts[0]
