@@ -376,6 +376,23 @@ def test_a_reward_that_reads_the_rollouts_turns_is_named_at_load(tmp_path):
 def test_annotate_splices_a_valid_llm_edit_into_the_verifiers_environment(tmp_path, tiny_model_dir):
     """The LLM teacher on a verifiers environment: the taskset's answers and evidence in its
     prompt, corrections calling the toolset's prefixed search tool, resumed through the
-    toolset's server."""
+    toolset's server; then SFT on the dataset and a GRPO step from it on the environment."""
     env = ("verifiers", {"taskset": "docs_qa", "path": ENVS})
     annotate_with_a_served_valid_teacher(tmp_path, tiny_model_dir, env, "docs_search")
+    # and on: SFT on that dataset, then GRPO from the SFT adapter with rollouts on the
+    # environment (its toolset served, its rubric the reward)
+    from acmrl.config import GRPOConfig, SFTConfig
+    from acmrl.train.grpo import run_grpo
+    from acmrl.train.sft import run_sft
+
+    sft = SFTConfig(dataset=str(tmp_path / "annotate" / "dataset"), output=str(tmp_path / "sft"))
+    sft.model.name, sft.lora.r, sft.log_with = str(tiny_model_dir), 4, []
+    sft.optim.max_steps, sft.optim.batch_tokens = 2, 2048
+    assert run_sft(sft)["steps"] == 2
+    grpo = GRPOConfig(output=str(tmp_path / "grpo"), log_with=[], save_rollouts=False)
+    grpo.model.name = str(tmp_path / "sft" / "final")
+    grpo.env.name, grpo.env.options = env
+    grpo.env.split, grpo.arms, grpo.group_size, grpo.tasks_per_step = "train", ["react"], 2, 1
+    grpo.agent.max_turns, grpo.sampling.max_new_tokens, grpo.optim.max_steps = 2, 8, 1
+    result = run_grpo(grpo)
+    assert result["steps"] == 1 and (tmp_path / "grpo" / "final").exists()
