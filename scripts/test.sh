@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The test command of the README: set up .venv if needed, lint, then run the whole test suite.
-# Extra arguments go to pytest (for example `-m "not slow"` for the quick subset).
+# The test command of the README: set up .venv if needed, lint, then run the tests not marked
+# slow (under 10 minutes on a 2-core CPU). Arguments replace that selection and go to pytest:
+# `-m slow` runs the slow tests (the real 135M model, multi-process and Slurm launches, long
+# end-to-end runs), `tests` runs every test. CI runs both halves (.ci/run).
 # ACMRL_TEST_SLURM=0 skips installing Slurm (its tests are then skipped).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,4 +22,7 @@ if ! command -v slurmctld >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+if [ "$#" -eq 0 ]; then
+    set -- -m "not slow"
+fi
 .venv/bin/python -m pytest "$@"
