@@ -258,23 +258,11 @@ def test_browsecomp_plus_preset_settings(tmp_path, default_model_dir):
     assert len(plain.session(ptask).call("open", {"doc_id": "d3"})) > len(opened)
 
 
-def test_the_judge_metric_scores_through_env_judge(tiny_model_dir, monkeypatch):
-    """env.judge.model builds an LLM judge on an engine (here the tiny model under transformers
-    in this process) and every environment built from a config scores with it. A random model
-    cannot write a verdict, so the run without a stand-in ends with the judge's error, naming
-    the reply; the stand-in then decides as a capable judge would, on the same prompts."""
-    from acmrl.config import EnvConfig
-    from acmrl.envs.scoring import JudgeError
+def stand_in_judge(monkeypatch, verdict) -> list[str]:
+    """Replace the LLM judge's verdict by ``verdict(response, reference)`` on the real judge
+    prompts, as a capable judge would decide; the judge's engine still answers each prompt for
+    real. Returns the prompts seen, as they come."""
     from acmrl.rollout import judge as judge_mod
-    from acmrl.rollout.environment import build_environment
-
-    opts = {**{k: str(v) for k, v in GEN.items()}, "metric": "judge"}
-    cfg = EnvConfig(name="corpus_qa", options=opts)
-    cfg.judge.model = str(tiny_model_dir)
-    env = build_environment(cfg)
-    task = all_tasks(env)[0]
-    with pytest.raises(JudgeError, match="holds no verdict"):
-        env.score(task, "Paris")
 
     prompts: list[str] = []
     real = judge_mod.llm_judge
@@ -285,11 +273,35 @@ def test_the_judge_metric_scores_through_env_judge(tiny_model_dir, monkeypatch):
             assert isinstance(complete(prompt), str)  # the engine still answers for real
             said = prompt.split("Response:")[1].split("\n")[0]
             ref = prompt.split("Reference answer:")[1].split("\n")[0]
-            return '{"verdict": "correct"}' if ref.strip() in said else "incorrect"
+            return verdict(said, ref)
 
         return real(decide, **kw)
 
     monkeypatch.setattr(judge_mod, "llm_judge", recording)
+    return prompts
+
+
+def test_the_judge_metric_scores_through_env_judge(tiny_model_dir, monkeypatch):
+    """env.judge.model builds an LLM judge on an engine (here the tiny model under transformers
+    in this process) and every environment built from a config scores with it. A random model
+    cannot write a verdict, so the run without a stand-in ends with the judge's error, naming
+    the reply; the stand-in then decides as a capable judge would, on the same prompts."""
+    from acmrl.config import EnvConfig
+    from acmrl.envs.scoring import JudgeError
+    from acmrl.rollout.environment import build_environment
+
+    opts = {**{k: str(v) for k, v in GEN.items()}, "metric": "judge"}
+    cfg = EnvConfig(name="corpus_qa", options=opts)
+    cfg.judge.model = str(tiny_model_dir)
+    env = build_environment(cfg)
+    task = all_tasks(env)[0]
+    with pytest.raises(JudgeError, match="holds no verdict"):
+        env.score(task, "Paris")
+
+    prompts = stand_in_judge(
+        monkeypatch,
+        lambda said, ref: '{"verdict": "correct"}' if ref.strip() in said else "incorrect",
+    )
     env = build_environment(cfg)
     ref = task.answer if isinstance(task.answer, str) else task.answer[0]
     assert env.score(task, f"It is {ref}.") == 1.0 and env.score(task, "no idea") == 0.0

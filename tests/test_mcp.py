@@ -444,6 +444,7 @@ def test_without_a_plan_an_evolve_edit_must_keep_the_answer_and_the_evidence():
     the State holds it, is the task's answer and its evidence sentences; a program that wipes
     the read document is refused by name, one that keeps it passes."""
     from acmrl.arms.evolve_edits import still_needed
+    from acmrl.context.evolve import EVOLVE_TOOL_SCHEMA
     from acmrl.context.state import function_call, function_call_output, user
     from acmrl.teacher.assessment import Assessment, validate
 
@@ -456,19 +457,7 @@ def test_without_a_plan_an_evolve_edit_must_keep_the_answer_and_the_evidence():
         function_call("c0", "read", {"doc_id": "calendar"}),
         function_call_output("c0", f"[calendar] ... {evidence} ..."),
     ]
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": "evolve",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"code": {"type": "string"}},
-                    "required": ["code"],
-                },
-            },
-        }
-    ]
+    tools = [EVOLVE_TOOL_SCHEMA]
     why = "My context is nearly full, so I will keep only what I read that the question needs."
 
     def check(code: str) -> list[str]:
@@ -490,23 +479,14 @@ def test_the_judge_metric_scores_the_mcp_tasks(tiny_model_dir, monkeypatch):
     under transformers, its verdict decided by a stand-in as a capable judge would, on the
     real prompts), so a paraphrase of the reference scores 1 where em would give 0."""
     from acmrl.config import EnvConfig
-    from acmrl.rollout import judge as judge_mod
     from acmrl.rollout.environment import build_environment
+    from tests.test_corpus_qa import stand_in_judge
 
-    prompts: list[str] = []
-    real = judge_mod.llm_judge
+    def verdict(said: str, ref: str) -> str:
+        correct = ref.strip().casefold() in said.casefold()
+        return '{"verdict": "correct"}' if correct else '{"verdict": "incorrect"}'
 
-    def recording(complete, **kw):
-        def decide(prompt: str) -> str:
-            prompts.append(prompt)
-            assert isinstance(complete(prompt), str)  # the engine still answers for real
-            said = prompt.split("Response:")[1].split("\n")[0].casefold()
-            ref = prompt.split("Reference answer:")[1].split("\n")[0].strip().casefold()
-            return '{"verdict": "correct"}' if ref in said else '{"verdict": "incorrect"}'
-
-        return real(decide, **kw)
-
-    monkeypatch.setattr(judge_mod, "llm_judge", recording)
+    prompts = stand_in_judge(monkeypatch, verdict)
     cfg = EnvConfig(name="mcp", options={"tasks": TASKS, "command": SERVER, "metric": "judge"})
     cfg.judge.model = str(tiny_model_dir)
     env = build_environment(cfg)

@@ -5,8 +5,8 @@ real server). ``POST /v1/completions`` takes a prompt as text or token ids and r
 the completion's token ids (``token_ids``, as vLLM's ``return_token_ids``), per-token logprobs and
 ``usage.prompt_tokens_details.cached_tokens``. The OpenAI ``user`` field names the session whose
 prefix cache the engine keeps. ``response_format`` (OpenAI's structured output, a JSON schema)
-constrains the reply (acmrl/engines/structured.py). Concurrent requests are gathered for a few milliseconds and run as
-one batch. Standard library only (``http.server``).
+constrains the reply (acmrl/engines/structured.py). Concurrent requests are gathered for a few
+milliseconds and run as one batch. Standard library only (``http.server``).
 
 With ``allow_adapter_loading`` it also takes vLLM's runtime adapter API: ``POST
 /v1/load_lora_adapter`` ``{"lora_name", "lora_path"}`` loads a LoRA adapter folder onto its base

@@ -239,26 +239,27 @@ def _unseen(rationale: str, seen: str, seen_norm: str, known: set[str]) -> set[s
     return {c for c in cited if c not in seen and f" {normalize_answer(c)} " not in seen_norm}
 
 
+def _arguments(a: Assessment, name: str) -> dict[str, Any] | None:
+    """The arguments of ``a``'s action if it calls ``name``, else None."""
+    action = a.action if isinstance(a.action, dict) else {}
+    args = action.get("arguments")
+    return args if action.get("name") == name and isinstance(args, dict) else None
+
+
 def _check_answer(a: Assessment, score: Callable[[str], float]) -> list[str]:
     """An edit that answers must give an answer the environment scores 1 (its own metric,
     aliases and answer sets included): a wrong answer is never the productive call."""
-    action = a.action if isinstance(a.action, dict) else {}
-    args = action.get("arguments")
-    if action.get("name") != ANSWER_TOOL or not isinstance(args, dict):
-        return []
-    if score(str(args.get("text", ""))) >= 1.0:
+    args = _arguments(a, ANSWER_TOOL)
+    if args is None or score(str(args.get("text", ""))) >= 1.0:
         return []
     return ["the edit answers, but the answer scores below 1: a wrong answer is never productive"]
 
 
 def _check_summary(a: Assessment, summaries: set[str]) -> list[str]:
     """A ``query_memory`` edit names a summary that exists at the edit."""
-    action = a.action if isinstance(a.action, dict) else {}
-    args = action.get("arguments")
-    if action.get("name") != "query_memory" or not isinstance(args, dict):
-        return []
-    sid = str(args.get("summary_id", "")).strip()
-    if sid in summaries:
+    args = _arguments(a, "query_memory")
+    sid = str(args.get("summary_id", "")).strip() if args is not None else ""
+    if args is None or sid in summaries:
         return []
     have = ", ".join(sorted(summaries)) or "none yet"
     return [f"query_memory names summary {sid!r}, which does not exist there (summaries: {have})"]

@@ -176,6 +176,11 @@ def assessment_schema(
     return {"anyOf": variants}
 
 
+def _policy_steps(traj: Trajectory) -> int:
+    """The number of the agent's own turns, which an edit's ``step`` counts."""
+    return sum(1 for s in traj.steps if s.call is not None and s.call.role == "policy")
+
+
 def _steps_text(traj: Trajectory, max_chars: int) -> str:
     lines = []
     n = 0
@@ -268,7 +273,7 @@ class LLMTeacher:
             steps=_steps_text(traj, self.max_chars),
         )
         messages = [{"role": "user", "content": prompt}]
-        n_steps = sum(1 for s in traj.steps if s.call is not None and s.call.role == "policy")
+        n_steps = _policy_steps(traj)
         summaries = [summaries_before(traj, k) for k in range(n_steps)]
         # a single reference answer pins an answer call; an answer set is left to the score
         answers = [task.answer] if isinstance(task.answer, str) else None
@@ -318,7 +323,7 @@ class LLMTeacher:
             return Assessment("no_action", teacher=self.name), [
                 f"kind must be one of {', '.join(KINDS)}"
             ]
-        n_steps = sum(1 for s in traj.steps if s.call is not None and s.call.role == "policy")
+        n_steps = _policy_steps(traj)
         step = obj.get("step", -1)
         if kind != "no_action" and not (isinstance(step, int) and 0 <= step < n_steps):
             return Assessment("no_action", teacher=self.name), [
