@@ -62,17 +62,11 @@ def episode(env, task, eid: str, tok, args) -> Episode:
 
 def live_prompt_tokens(trajs, starts) -> int:
     """Prompt tokens of the calls made from each trajectory's start turn on (helpers included)."""
-    total = 0
-    for traj, start in zip(trajs, starts, strict=True):
-        n = 0
-        for step in traj.steps:
-            if step.call is not None and step.call.role == "policy":
-                if n >= start:
-                    total += len(step.call.prompt_ids)
-                n += 1
-            if n > start:
-                total += sum(len(c.prompt_ids) for c in step.helper_calls)
-    return total
+    return sum(
+        len(c.prompt_ids)
+        for t, start in zip(trajs, starts, strict=True)
+        for c in live_calls(t, start)
+    )
 
 
 def generated(trajs, starts) -> int:

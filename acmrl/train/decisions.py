@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import random
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from acmrl.engines.base import Engine
-from acmrl.rollout.agent import Episode
+from acmrl.rollout.agent import Episode, make_episode
 from acmrl.rollout.records import Trajectory
 from acmrl.rollout.replay import Recorded, SpliceEngine, replayed_turns
 from acmrl.rollout.worker import run_episodes
@@ -173,9 +173,80 @@ def prefill_figures(
     }
 
 
+@dataclass
+class Branching:
+    """What :func:`branch_phase` ran and kept: the episodes to train (branches that replayed
+    exactly, and the extra whole episodes), the policy turns each decision group's member is
+    credited on (sources included), the kept branches' ids, every branch's decision turn
+    (where its calls are live) and the phase's ``decision/*`` figures."""
+
+    episodes: list[Episode] = field(default_factory=list)
+    credit: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+    ids: set[str] = field(default_factory=set)
+    live_from: dict[str, int] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def branch_phase(sources: list[Episode], cfg: Any, env: Any, tok: Any, engine: Engine) -> Branching:
+    """GRPO's second rollout phase (``cfg``: a ``GRPOConfig``): G - 1 branches from a decision
+    state of each source, then G - 1 more whole episodes for each source without one."""
+    dc, out = cfg.decisions, Branching()
+    jobs, scripts, whole, picked = {}, {}, [], []
+    for src in sources:
+        d = pick_decision(decision_states(src.traj, src.budget, dc.context_share), cfg.seed, src.id)
+        for r in range(1, cfg.group_size):
+            # without a decision state the group is a whole-episode one
+            eid = branch_id(src.id, r) if d else src.id.rsplit("#", 1)[0] + f"#{r}"
+            ep = make_episode(
+                cfg, eid, env, src.task, src.arm, r, tok, sample_helpers=cfg.train_helpers
+            )
+            if d is None:
+                whole.append(ep)
+            else:
+                jobs[eid] = (ep, src, d)
+                scripts |= branch_scripts(src.traj, d, eid, tok)
+        if d is not None:
+            out.credit[src.id] = turns_credited(d, dc.credit)
+            picked.append(d)
+    before = getattr(engine, "prefilled_tokens", None)
+    branches = [ep for ep, _, _ in jobs.values()]
+    if branches:
+        run_with_replays(branches, scripts, engine, tok, concurrency=cfg.concurrency)
+    after = getattr(engine, "prefilled_tokens", None)
+    if whole:  # after the branches, so that the engine's count above is theirs alone
+        run_episodes(whole, engine, concurrency=cfg.concurrency)
+    diverged = 0
+    for ep, src, d in jobs.values():
+        out.live_from[ep.id] = d.turn
+        if mark_branch(ep.traj, src.traj, d):
+            out.credit[ep.id] = turns_credited(d, dc.credit)
+            out.ids.add(ep.id)
+            out.episodes.append(ep)
+        else:
+            diverged += 1
+    out.episodes += whole
+    n = len(picked)
+    out.metrics = {
+        "decision/groups": float(n),
+        "decision/without_state": float(len(sources) - n),
+        "decision/diverged": float(diverged),
+        # of this process's drawn states: those at a compaction call, and where they lie
+        "decision/at_compaction": sum(d.reason == "tool" for d in picked) / max(1, n),
+        "decision/point": sum(d.share for d in picked) / max(1, n),
+        **prefill_figures(
+            [(ep.traj, d.turn) for ep, _, d in jobs.values()],
+            None if before is None or after is None else after - before,
+            n,
+        ),
+    }
+    return out
+
+
 __all__ = [
+    "Branching",
     "Decision",
     "branch_id",
+    "branch_phase",
     "branch_scripts",
     "decision_states",
     "live_calls",

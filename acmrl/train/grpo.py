@@ -98,7 +98,7 @@ from peft import PeftModel
 from acmrl.config import GRPOConfig
 from acmrl.envs import Environment
 from acmrl.rewards import trajectory_reward
-from acmrl.rollout.agent import Episode, make_episode
+from acmrl.rollout.agent import Episode
 from acmrl.rollout.environment import build_environment
 from acmrl.rollout.worker import JsonlLog, run_episodes
 from acmrl.train.checkpoint import load_training_state, prune_checkpoints, save_run_checkpoint
@@ -112,17 +112,7 @@ from acmrl.train.common import (
     save_policy,
     shares_prefix,
 )
-from acmrl.train.decisions import (
-    branch_id,
-    branch_scripts,
-    decision_states,
-    live_calls,
-    mark_branch,
-    pick_decision,
-    prefill_figures,
-    run_with_replays,
-    turns_credited,
-)
+from acmrl.train.decisions import branch_phase, live_calls
 from acmrl.train.grpo_steps import (
     branching_groups,
     episode_facts,
@@ -385,66 +375,12 @@ class GRPOTrainer:
         return episodes, time.perf_counter() - t0
 
     def _branch(self, sources: list[Episode]) -> list[Episode]:
-        """Second phase: G - 1 branches from a decision state of each source, then G - 1 more
-        whole episodes for each source without one; returns the episodes kept."""
-        cfg, dc = self.cfg, self.cfg.decisions
-        jobs, scripts, whole, picked = {}, {}, [], []
-        for src in sources:
-            d = pick_decision(
-                decision_states(src.traj, src.budget, dc.context_share), cfg.seed, src.id
-            )
-            for r in range(1, cfg.group_size):
-                # without a decision state the group is a whole-episode one
-                eid = branch_id(src.id, r) if d else src.id.rsplit("#", 1)[0] + f"#{r}"
-                ep = make_episode(
-                    cfg,
-                    eid,
-                    self.env,
-                    src.task,
-                    src.arm,
-                    r,
-                    self.tok,
-                    sample_helpers=cfg.train_helpers,
-                )
-                if d is None:
-                    whole.append(ep)
-                else:
-                    jobs[eid] = (ep, src, d)
-                    scripts |= branch_scripts(src.traj, d, eid, self.tok)
-            if d is not None:
-                self.credit[src.id] = turns_credited(d, dc.credit)
-                picked.append(d)
-        before = getattr(self.engine, "prefilled_tokens", None)
-        branches = [ep for ep, _, _ in jobs.values()]
-        if branches:
-            run_with_replays(branches, scripts, self.engine, self.tok, concurrency=cfg.concurrency)
-        after = getattr(self.engine, "prefilled_tokens", None)
-        if whole:  # after the branches, so that the engine's count above is theirs alone
-            run_episodes(whole, self.engine, concurrency=cfg.concurrency)
-        kept, diverged = [], 0
-        for ep, src, d in jobs.values():
-            self.live_from[ep.id] = d.turn
-            if mark_branch(ep.traj, src.traj, d):
-                self.credit[ep.id] = turns_credited(d, dc.credit)
-                self.branch_ids.add(ep.id)
-                kept.append(ep)
-            else:
-                diverged += 1
-        n = len(picked)
-        self.decision_metrics = {
-            "decision/groups": float(n),
-            "decision/without_state": float(len(sources) - n),
-            "decision/diverged": float(diverged),
-            # of this process's drawn states: those at a compaction call, and where they lie
-            "decision/at_compaction": sum(d.reason == "tool" for d in picked) / max(1, n),
-            "decision/point": sum(d.share for d in picked) / max(1, n),
-            **prefill_figures(
-                [(ep.traj, d.turn) for ep, _, d in jobs.values()],
-                None if before is None or after is None else after - before,
-                n,
-            ),
-        }
-        return kept + whole
+        """Second phase (:func:`acmrl.train.decisions.branch_phase`); keeps what the update
+        and the step's figures read of it."""
+        b = branch_phase(sources, self.cfg, self.env, self.tok, self.engine)
+        self.credit.update(b.credit)
+        self.branch_ids, self.live_from, self.decision_metrics = b.ids, b.live_from, b.metrics
+        return b.episodes
 
     def advantages(
         self, episodes: list[Episode]
