@@ -544,3 +544,32 @@ def test_groups_without_a_success_are_dropped_not_ranked_by_cost():
         else:
             assert adv[0] == max(adv[:4]) > 0.9  # the overflow without a compaction wins
         assert adv[4] == adv[5] > 0.9 and adv[6] == adv[7] < -0.9  # cheaper successes win
+
+
+def test_a_step_without_any_signal_moves_no_weight_and_warns_nothing(tmp_path, tiny_model_dir):
+    """Every group flat (here: no success anywhere, with ``skip_failed_groups``): no gradient, so
+    no optimiser step (the LoRA B matrices stay at their zero init), and torch's warning about a
+    scheduler step before an optimiser step (the intended order here: the schedule still
+    advances by the step's updates) is not shown to the user."""
+    import warnings
+
+    from safetensors.torch import load_file
+    from typer.testing import CliRunner
+
+    from acmrl.cli import app
+
+    out = tmp_path / "flat"
+    args = ["train", "grpo", f"model.name={tiny_model_dir}", "env.name=kb_search"]
+    args += ["env.options={preset: tiny}", "optim.max_steps=1", "group_size=2"]
+    args += ["tasks_per_step=1", "agent.max_turns=2", "sampling.max_new_tokens=8", "lora.r=4"]
+    args += ["log_with=[]", f"output={out}", "skip_failed_groups=true"]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert not [w for w in seen if "lr_scheduler.step" in str(w.message)]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["rollout/success"] == 0.0 and rows[-1]["train/target_tokens"] == 0.0
+    weights = load_file(out / "final" / "adapter_model.safetensors")
+    b = [t for k, t in weights.items() if "lora_B" in k]
+    assert b and all(float(t.abs().max()) == 0.0 for t in b)

@@ -88,6 +88,7 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -568,9 +569,14 @@ class GRPOTrainer:
         if n_any:  # a process without samples takes part with zero-gradient micro-batches
             metrics = self.update(samples, sample_adv, coefs)
         else:  # every group flat everywhere: no gradient, so no optimiser step (Adam's momentum
-            # would keep moving the weights); the schedule advances by the step's updates
-            for _ in range(self.cfg.updates_per_step):
-                self.sched.step()
+            # would keep moving the weights); the schedule advances by the step's updates, on
+            # purpose before any optimiser step when the run starts flat (torch warns of that)
+            with warnings.catch_warnings():
+                warnings.filterwarnings(
+                    "ignore", "Detected call of `lr_scheduler.step", UserWarning
+                )
+                for _ in range(self.cfg.updates_per_step):
+                    self.sched.step()
             metrics = {"train/loss": 0.0, "train/target_tokens": 0.0, "train/tokens": 0.0}
         train_s = time.perf_counter() - t0
         # what the engine generated: a branch's replayed turns were played back, not generated
