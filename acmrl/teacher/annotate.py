@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -127,9 +128,11 @@ def annotate_tasks(
     teacher: Any,
     topk_model: Any = None,
     student_ids: set[str] | None = None,
+    phase: Callable[[str], None] = lambda _: None,
 ) -> list[dict[str, Any]]:
     """Student runs, assessments and resumes for ``tasks`` (those in ``student_ids``, when given),
-    and demonstrations when configured: one record per task."""
+    and demonstrations when configured: one record per task. ``phase`` is told what runs now
+    (the progress line of a chunk whose tasks all end together)."""
     episodes = {
         task.id: [
             Episode(
@@ -148,9 +151,12 @@ def annotate_tasks(
         for task in tasks
         if student_ids is None or task.id in student_ids
     }
-    run_episodes([e for eps in episodes.values() for e in eps], engine, concurrency=cfg.concurrency)
+    runs = [e for eps in episodes.values() for e in eps]
+    if runs:
+        phase(f"student runs: {len(runs)} episodes")
+    run_episodes(runs, engine, concurrency=cfg.concurrency)
     resume_sampling = dataclasses.replace(cfg.sampling, temperature=cfg.resume_temperature)
-    records, jobs, owner = [], [], []
+    records, jobs, owner, assessed = [], [], [], 0
     for task in tasks:
         record: dict[str, Any] = {
             "task_id": task.id,
@@ -159,6 +165,8 @@ def annotate_tasks(
             "resumed": [],
         }
         for ep in episodes.get(task.id, []):
+            assessed += 1
+            phase(f"teacher: {assessed}/{len(runs)} assessed")
             a = _assess(teacher, env, task, ep, cfg)
             record["trajectories"].append(ep.traj.to_dict())
             record["assessments"].append(a.to_dict() | {"source": ep.traj.episode_id})
@@ -178,10 +186,13 @@ def annotate_tasks(
                 owner.append(record)
         records.append(record)
     # every resume of the chunk in one batched run
+    if jobs:
+        phase(f"resumes from {len(jobs)} edits")
     resumed = run_spliced(jobs, engine, engine.tokenizer, concurrency=cfg.concurrency)  # type: ignore[attr-defined]
     for record, trajs in zip(owner, resumed, strict=True):
         record["resumed"] += [t.to_dict() for t in trajs]
     if cfg.demonstrations:
+        phase("demonstrations")
         demos = demonstrate(
             env,
             tasks,
@@ -261,17 +272,26 @@ def run_annotate(cfg: AnnotateConfig, engine: Engine | None = None) -> dict[str,
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TextColumn("{task.fields[phase]}"),
     ]
     try:
         with progress_for(f"annotate {cfg.shard}", *columns) as progress:
-            bar = progress.add_task("tasks", total=len(tasks), completed=len(tasks) - len(todo))
+            done = len(tasks) - len(todo)
+            bar = progress.add_task("tasks", total=len(tasks), completed=done, phase="")
             for start in range(0, len(todo), chunk):
                 part = todo[start : start + chunk]
                 for record in annotate_tasks(
-                    cfg, env, part, engine, teacher, topk_model, student_ids
+                    cfg,
+                    env,
+                    part,
+                    engine,
+                    teacher,
+                    topk_model,
+                    student_ids,
+                    phase=lambda what: progress.update(bar, phase=what),
                 ):
                     log.write(record)
-                    progress.advance(bar)
+                    progress.update(bar, advance=1, phase="")
     finally:
         log.close()
     if not cfg.build_dataset:
