@@ -3,7 +3,8 @@ run compared with its start on test worlds, one table.
 
     .venv/bin/python scripts/grpo_seeds.py OUT --start POLICY [--seeds 0 1 2] [--steps 20]
         [--save-every 5] [--arm acm] [--dev-tasks 8] [--test-tasks 8] [--group 4] [--tasks 2]
-        [--set KEY=VALUE ...] [--agent KEY=VALUE ...] [--max-new-tokens 96] [--dry-run]
+        [--set KEY=VALUE ...] [--agent KEY=VALUE ...] [--max-new-tokens 96] [--test-curves]
+        [--dry-run]
 
 ``--start`` is the policy every run starts from (an SFT or teacher-round ``final/`` folder, e.g.
 ``scripts/chain_table2.py``'s). Per seed:
@@ -19,6 +20,13 @@ run compared with its start on test worlds, one table.
    step beats it.
 3. The chosen checkpoint and the start evaluated on ``--test-tasks`` eval tasks of each test
    world (3000, 3001), which nothing is chosen on.
+
+The learning curves: OUT/curves.json holds every evaluated checkpoint's Pass@1 and Compaction
+Cost per success by part, seed and step, and OUT/seed_curves.md (and .png) the mean and range
+over the seeds per step (``acmrl.eval.curves.seed_curve``). On the dev worlds they come with the
+choice; ``--test-curves`` evaluates every checkpoint on the test worlds too, for the curves only
+(the choice stays on dev). ``scripts/grpo_curves.py`` sets the curves of several such runs (e.g.
+whole-episode against decision groups) side by side.
 
 OUT/grpo_seeds.md lists every run against the start (``acmrl.eval.versus.versus_seeds``): Pass@1
 with its paired interval and McNemar p, Compaction Cost per success and its change, the mean
@@ -163,6 +171,40 @@ def test_eval(stages: dict[str, object], seed: int, step: int, out: Path) -> obj
     return dataclasses.replace(dev, env=start.env, output=str(out / name))  # type: ignore[arg-type]
 
 
+def run_test_eval(
+    stages: dict[str, object], seed: int, step: int, out: Path, cfg_dir: Path
+) -> Path:
+    """Evaluate seed ``seed``'s checkpoint ``step`` on the test worlds (resuming); its folder."""
+    path = cfg_dir / f"eval-test-s{seed}-step{step}.yaml"
+    path.write_text(_yaml(test_eval(stages, seed, step, out)))
+    acmrl("eval", "--config", str(path))
+    return out / f"eval-test-s{seed}-step{step}"
+
+
+def write_curves(out: Path, curves: dict[str, dict], arm: str) -> None:
+    """OUT/curves.json (every evaluated checkpoint) and OUT/seed_curves.md/.png (per step, the
+    mean and range over the seeds), per part that was evaluated."""
+    from acmrl.eval.curves import seed_curve, write_seed_curves
+
+    kept = {part: by_seed for part, by_seed in curves.items() if by_seed}
+    (out / "curves.json").write_text(json.dumps(_finite(kept), indent=1))
+    lines = {f"{part} worlds": seed_curve(by_seed) for part, by_seed in kept.items()}
+    write_seed_curves(lines, out, f"GRPO from its start in {arm}, per step ({out.name})")
+
+
+def _finite(curves: dict) -> dict:
+    """``curves`` with an infinite cost (no success) as null, as JSON has no infinity."""
+    return {
+        part: {
+            str(seed): {
+                str(step): [p, None if c == float("inf") else c] for step, (p, c) in s.items()
+            }
+            for seed, s in by_seed.items()
+        }
+        for part, by_seed in curves.items()
+    }
+
+
 def dev_score(folder: Path, arm: str) -> tuple[float, float]:
     """(Pass@1, Compaction Cost per success) of an eval folder's ``arm`` (inf: no success)."""
     a = json.loads((folder / "report.json").read_text())["arms"][arm]
@@ -196,6 +238,11 @@ def main() -> None:
     ap.add_argument("--set", nargs="*", default=[], help="GRPO options, KEY=VALUE")
     ap.add_argument("--agent", nargs="*", default=[], help="agent options, KEY=VALUE")
     ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument(
+        "--test-curves",
+        action="store_true",
+        help="evaluate every checkpoint on the test worlds too, for the learning curves only",
+    )
     ap.add_argument("--dry-run", action="store_true", help="write the configs and stop")
     args = ap.parse_args()
     if args.steps % args.save_every:
@@ -226,6 +273,7 @@ def main() -> None:
     for part in ("dev", "test"):
         acmrl("eval", "--config", str(cfg_dir / f"eval-{part}-start.yaml"))
     runs, notes = [], []
+    curves: dict[str, dict[int, dict[int, tuple[float, float]]]] = {"dev": {}, "test": {}}
     for seed in args.seeds:
         if not (args.out / f"grpo-s{seed}" / "final").exists():
             acmrl("train", "grpo", "--config", str(cfg_dir / f"grpo-s{seed}.yaml"), "--auto-resume")
@@ -235,19 +283,22 @@ def main() -> None:
             scores[step] = dev_score(args.out / f"eval-dev-s{seed}-step{step}", args.arm)
         step = choose(scores)
         (args.out / f"choice-s{seed}.json").write_text(json.dumps({"step": step, "dev": scores}))
+        curves["dev"][seed] = scores
+        if args.test_curves:  # after the choice, which never reads them
+            tested = {0: dev_score(args.out / "eval-test-start", args.arm)}
+            for n in range(args.save_every, args.steps + 1, args.save_every):
+                tested[n] = dev_score(run_test_eval(stages, seed, n, args.out, cfg_dir), args.arm)
+            curves["test"][seed] = tested
         if step == 0:
             folder = args.out / "eval-test-start"
         else:
-            test = test_eval(stages, seed, step, args.out)
-            path = cfg_dir / f"eval-test-s{seed}-step{step}.yaml"
-            path.write_text(_yaml(test))
-            acmrl("eval", "--config", str(path))
-            folder = args.out / f"eval-test-s{seed}-step{step}"
+            folder = run_test_eval(stages, seed, step, args.out, cfg_dir)
         runs.append((f"seed {seed}, step {step}", folder))
         dev = ", ".join(f"{s}: {p:.3f}" for s, (p, _) in scores.items())
         notes.append(
             f"seed {seed}: step {step} chosen on the dev worlds (dev Pass@1 by step {dev})"
         )
+    write_curves(args.out, curves, args.arm)
     from acmrl.eval.versus import versus_seeds
     from acmrl.train.grpo_steps import reward_weights
 

@@ -78,8 +78,13 @@ def test_every_seed_is_trained_chosen_on_dev_and_listed(tmp_path, tiny_model_dir
     args += ["--save-every", "1", "--dev-tasks", "1", "--test-tasks", "1", "--group", "2"]
     args += ["--tasks", "1", "--max-new-tokens", "8", "--set", "decisions.share=1.0"]
     args += ["skip_flat_groups=false", "lora.r=4", "lora.top_layers=null", "log_with=[]"]
-    res = _run(tmp_path, *args, timeout=1800)
+    res = _run(tmp_path, *args, "--test-curves", timeout=1800)
     assert res.returncode == 0, (res.stdout[-2000:], res.stderr[-3000:])
+    curves = json.loads((tmp_path / "curves.json").read_text())
+    assert set(curves) == {"dev", "test"} and set(curves["test"]) == {"0", "1"}
+    assert all(set(by_step) == {"0", "1"} for by_step in curves["test"].values())
+    assert (tmp_path / "eval-test-s0-step1" / "report.json").exists()  # every checkpoint tested
+    assert "| test worlds | 1 | 2 |" in (tmp_path / "seed_curves.md").read_text()
     for seed in (0, 1):
         choice = json.loads((tmp_path / f"choice-s{seed}.json").read_text())
         assert set(choice["dev"]) == {"0", "1"}
@@ -94,3 +99,38 @@ def test_every_seed_is_trained_chosen_on_dev_and_listed(tmp_path, tiny_model_dir
     for other in (["--seeds", "1"], ["--steps", "2"]):
         again = _run(tmp_path, *args, *other)
         assert again.returncode != 0 and "started with other settings" in again.stderr, other
+
+
+def _curves_run(folder: Path, test: dict[str, dict[str, list]]) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "curves.json").write_text(json.dumps({"dev": test, "test": test}))
+    return folder
+
+
+def test_curves_of_two_configurations_side_by_side(tmp_path):
+    """scripts/grpo_curves.py: per configuration and step, Pass@1's mean and range over the
+    seeds and the Compaction Cost per success pooled over their successes; a run without test
+    curves is refused with the flag that makes them."""
+    whole = _curves_run(
+        tmp_path / "whole", {"0": {"0": [0.25, 1000.0], "5": [0.5, 900.0]}, "1": {"0": [0.0, None]}}
+    )
+    decision = _curves_run(tmp_path / "decision", {"0": {"0": [0.25, 1000.0], "5": [0.75, 600.0]}})
+    cmd = [sys.executable, str(ROOT / "scripts" / "grpo_curves.py"), str(whole), str(decision)]
+    cmd += ["--to", str(tmp_path / "cmp"), "--labels", "whole", "decision"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    md = (tmp_path / "cmp" / "seed_curves.md").read_text()
+    assert "| whole | 0 | 2 | 0.125 (0.000-0.250) | 1,000 (1,000-1,000) |" in md
+    assert "| decision | 5 | 1 | 0.750 (0.750-0.750) | 600 (600-600) |" in md
+    assert (tmp_path / "cmp" / "seed_curves.png").stat().st_size > 0
+    (tmp_path / "dev-only").mkdir()
+    (tmp_path / "dev-only" / "curves.json").write_text(json.dumps({"dev": {}}))
+    bad = subprocess.run(
+        [*cmd[:2], str(tmp_path / "dev-only"), "--to", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert bad.returncode != 0 and "--test-curves" in bad.stderr

@@ -11,6 +11,11 @@ writes, next to each other:
 - ``grpo.png`` (when a GRPO run's ``metrics.jsonl`` is given): mean reward, success, Compaction
   Cost (in budgets), mean compaction point and the share of needed facts the summaries kept,
   per step.
+
+GRPO over seeds (``scripts/grpo_seeds.py``) evaluates each run's checkpoints; :func:`seed_curve`
+reduces them to one curve per configuration (per step: Pass@1 and Compaction Cost per success,
+mean and range over the seeds), and :func:`write_seed_curves` sets configurations side by side
+(``seed_curves.md`` and ``seed_curves.png``).
 """
 
 from __future__ import annotations
@@ -158,3 +163,101 @@ def write_curves(
     result = {"rows": rows, "grpo": metrics}
     (out / "curves.json").write_text(json.dumps(result, indent=1, default=str))
     return result
+
+
+def seed_curve(scores: dict[Any, dict[Any, Any]]) -> list[dict[str, Any]]:
+    """One configuration's curve from ``{seed: {step: (Pass@1, Compaction Cost per success)}}``
+    (the cost ``None`` or infinite where an eval had no success; keys may be strings, as read
+    back from JSON). Per step, over the seeds evaluated there: Pass@1's mean, min and max, and
+    Compaction Cost per success pooled over the seeds' successes (each seed's figure weighted
+    by its Pass@1; its evals have the same number of tasks) with its min and max.
+
+    >>> rows = seed_curve({0: {0: (0.5, 1000.0), 5: (0.25, 600.0)}, 1: {0: (0.0, None)}})
+    >>> [(r["step"], r["seeds"], r["pass@1"], r["cost_per_success"]) for r in rows]
+    [(0, 2, 0.25, 1000.0), (5, 1, 0.25, 600.0)]
+    """
+    by_step: dict[int, list[tuple[float, float | None]]] = {}
+    for per_seed in scores.values():
+        for step, (p, c) in per_seed.items():
+            cost = None if c is None or c == float("inf") or p <= 0 else float(c)
+            by_step.setdefault(int(step), []).append((float(p), cost))
+    rows = []
+    for step in sorted(by_step):
+        ps = [p for p, _ in by_step[step]]
+        won = [(p, c) for p, c in by_step[step] if c is not None]
+        pooled = sum(p * c for p, c in won) / sum(p for p, _ in won) if won else None
+        rows.append(
+            {
+                "step": step,
+                "seeds": len(ps),
+                "pass@1": sum(ps) / len(ps),
+                "pass@1_min": min(ps),
+                "pass@1_max": max(ps),
+                "cost_per_success": pooled,
+                "cost_min": min((c for _, c in won), default=None),
+                "cost_max": max((c for _, c in won), default=None),
+            }
+        )
+    return rows
+
+
+def seed_curves_markdown(curves: dict[str, list[dict[str, Any]]]) -> str:
+    """Configurations side by side, one row per (configuration, step)."""
+
+    def num(v: float | None, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    lines = [
+        "| configuration | step | seeds | Pass@1 mean (range) | Compaction Cost per success "
+        "(range) |",
+        "|---|---|---|---|---|",
+    ]
+    for label, rows in curves.items():
+        for r in rows:
+            pass_cell = f"{r['pass@1']:.3f} ({r['pass@1_min']:.3f}-{r['pass@1_max']:.3f})"
+            cost = num(r["cost_per_success"], ",.0f")
+            if r["cost_per_success"] is not None:
+                cost += f" ({r['cost_min']:,.0f}-{r['cost_max']:,.0f})"
+            lines.append(f"| {label} | {r['step']} | {r['seeds']} | {pass_cell} | {cost} |")
+    return "\n".join(lines)
+
+
+def plot_seed_curves(curves: dict[str, list[dict[str, Any]]], path: Path, title: str) -> None:
+    """Pass@1 and Compaction Cost per success per GRPO step: a line per configuration (the mean
+    over seeds) and a band over their range; no point where no seed succeeded."""
+    plt = _plt()
+    nan = float("nan")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    panels = [("pass@1", "pass@1_min", "pass@1_max", "Pass@1")]
+    panels.append(("cost_per_success", "cost_min", "cost_max", "Compaction Cost per success"))
+    for ax, (key, lo, hi, label) in zip(axes, panels, strict=True):
+        for name, rows in curves.items():
+            xs = [r["step"] for r in rows]
+
+            def ys(k: str, rows: list[dict[str, Any]] = rows) -> list[float]:
+                return [nan if r[k] is None else r[k] for r in rows]
+
+            ax.plot(xs, ys(key), marker="o", label=name)
+            ax.fill_between(xs, ys(lo), ys(hi), alpha=0.15)
+        ax.set_xlabel("GRPO step")
+        ax.set_title(label)
+    axes[0].set_ylim(-0.05, 1.05)
+    axes[0].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_seed_curves(
+    curves: dict[str, list[dict[str, Any]]], out: Path, title: str, plots: bool = True
+) -> str:
+    """``seed_curves.md`` (and ``seed_curves.png``) under ``out``; returns the markdown."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = f"# {title}\n\n" + seed_curves_markdown(curves) + "\n"
+    if plots:
+        plot_seed_curves(curves, out / "seed_curves.png", title)
+        text += "\n![Pass@1 and Compaction Cost per success per step](seed_curves.png)\n"
+    (out / "seed_curves.md").write_text(text)
+    return text
