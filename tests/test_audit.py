@@ -51,9 +51,9 @@ def test_chain_admits_no_trivial_answer_and_needs_context_management(tmp_path, d
             last = [a for s in ep["steps"] for a in s["actions"]][-1]
             assert last == {"name": "answer", "arguments": {"text": "unknown"}}, ep["episode_id"]
     md = (tmp_path / "chain" / "audit.md").read_text()
-    assert "| ceiling | acm | 1.000" in md and json.loads(
-        (tmp_path / "chain" / "audit.json").read_text()
-    )
+    report = json.loads((tmp_path / "chain" / "audit.json").read_text())
+    assert "| ceiling | acm | 1.000" in md and report["strategies"]
+    assert f"Report written by acmrl {report['code']['acmrl']}" in md  # and its commit, if any
 
 
 def test_tiny_shows_its_shortcut(tmp_path, default_model_dir):

@@ -6,6 +6,8 @@ import csv
 import dataclasses
 import doctest
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,8 @@ from acmrl.engines.scripted import ScriptedEngine
 from acmrl.envs import load
 from acmrl.eval.run import compare, reported_ids, run_eval
 from acmrl.rollout.records import ContextEvent, ModelCall, Step, Trajectory
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_doctests():
@@ -155,7 +159,17 @@ def test_eval_writes_a_full_report_and_compare_reads_two(tmp_path, tokenizer):
     md = (out / "report.md").read_text()
     assert f"| {acm['summary_facts_kept']}/{acm['summary_facts_in']} (1.00) |" in md
     assert "Pass@1 [95% CI]" in md and "Reading this table" in md and "test CPU" in md
-    assert json.loads((out / "report.json").read_text())["vs_react"]["acm"]["pass@1_abs"] > 0
+    saved = json.loads((out / "report.json").read_text())
+    assert saved["vs_react"]["acm"]["pass@1_abs"] > 0
+    # the report says which code wrote it: this checkout's commit (none outside a checkout)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    code = saved["meta"]["code"]
+    assert code["commit"] == (head.stdout.strip() if head.returncode == 0 else None)
+    assert (
+        f"Report written by acmrl {code['acmrl']}"
+        + (f" at {head.stdout[:7]}" if code["commit"] else ".")
+        in md
+    )
 
     # the same episodes, the report rebuilt without a model; then a "before" with a worse policy
     cfg.report_only = True
@@ -587,3 +601,29 @@ def test_report_says_why_episodes_failed(tmp_path, tokenizer):
         assert {r["failure"] for r in csv.DictReader(f)} == {"unread"}
     text = seeds_table([tmp_path / "best"])
     assert f"| {tmp_path / 'best'} | react | 4/4 | 4 | 0 | 0 | 0 | 0 |" in text
+
+
+def test_the_code_version_names_the_commit_and_local_changes(tmp_path):
+    import acmrl.provenance
+    from acmrl.provenance import code_version
+
+    assert doctest.testmod(acmrl.provenance).failed == 0
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "f.txt").write_text("a")
+    git("add", "f.txt")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    sha = subprocess.run(
+        ["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    read = code_version.__wrapped__  # uncached: the checkout changes below
+    assert read(tmp_path) == {"acmrl": code_version()["acmrl"], "commit": sha, "dirty": False}
+    (tmp_path / "f.txt").write_text("b")
+    assert read(tmp_path)["dirty"] is True
+    (tmp_path / "g.txt").write_text("untracked files do not count")
+    (tmp_path / "f.txt").write_text("a")
+    assert read(tmp_path)["dirty"] is False
+    assert read(tmp_path / "no-such-dir")["commit"] is None  # not a checkout: no commit

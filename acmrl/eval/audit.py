@@ -22,6 +22,7 @@ from typing import Any
 from acmrl.config import AgentConfig, AuditConfig, SamplingConfig
 from acmrl.engines.scripted import ScriptedEngine
 from acmrl.eval.report import arm_summary, episode_row
+from acmrl.provenance import code_version, describe_code
 from acmrl.rollout.agent import Episode
 from acmrl.rollout.prompts import context_budget
 from acmrl.rollout.worker import TrajectoryWriter, read_trajectories, run_episodes
@@ -168,6 +169,7 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
     report = build_audit(trajs, cfg, budget, chosen)
     report["no_plan"] = no_plan
     report["fixed_prompt_tokens"] = fixed_prompts(env, tasks[0], tokenizer, chosen, cfg, budget)
+    report["code"] = code_version()
     _atomic_write(out / "audit.json", json.dumps(report, indent=1))
     _atomic_write(out / "audit.md", audit_markdown(report))
     return report
@@ -274,7 +276,8 @@ def audit_markdown(report: dict[str, Any]) -> str:
         "to keep a fact past the overflow rule's dropping of its oldest steps), so react's "
         "ceiling is the better of its two rows; the trivial "
         "strategies play react and read no document (code_nav's first_argument and "
-        "random_argument read the first definition).",
+        "random_argument read the first definition)."
+        + (f" Report written by {describe_code(report['code'])}." if report.get("code") else ""),
         "",
         *_fixed_line(report),
         *_plan_line(report),

@@ -20,6 +20,7 @@ from acmrl.config import EvalConfig, RolloutConfig
 from acmrl.engines.base import Engine
 from acmrl.eval.failures import FAILURES, Needs, task_needs
 from acmrl.eval.report import build_report, mcnemar, paired_bootstrap, rows_from
+from acmrl.provenance import code_version, describe_code
 from acmrl.rollout.prompts import DEFAULT_BUDGET
 from acmrl.rollout.worker import planned_ids, read_trajectories, run_rollout
 
@@ -156,6 +157,7 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None) -> dict[str, Any]:
         "on_overflow": cfg.agent.on_overflow,
         "force_compaction": cfg.agent.force_compaction,
         "episodes_left_out": left_out,
+        "code": code_version(),
     }
     report = build_report(rows, meta)
     write_report(report, rows, out, plots=cfg.plots)
@@ -527,6 +529,7 @@ def report_markdown(report: dict[str, Any], figures: list[str]) -> str:
         f"{m['temperature']}, at most {m['max_new_tokens']} tokens per turn; context budget "
         f"{any_arm['budget']} tokens (the complete rendered input)."
         + (f" Machine: {m['machine']}." if m.get("machine") else "")
+        + (f" Report written by {describe_code(m['code'])}." if m.get("code") else "")
         + (
             " Harness rule on in every arm: an environment call identical to an earlier one "
             "whose result is still in the context is not run again (`agent.repeat_rule`)."
