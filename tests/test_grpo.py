@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 from pathlib import Path
@@ -301,6 +302,12 @@ def test_grpo_resume_reproduces_the_uninterrupted_run(tmp_path, peaked_model, ta
     rows = [json.loads(line) for line in history]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r["reward/mean"] for r in rows] == full["rewards"]
+    # the rollout tokens since the start carry over the resume, as runs are compared at them
+    whole = [json.loads(x) for x in (tmp_path / "a" / "grpo" / "metrics.jsonl").open()]
+    totals = [r["rollout/gen_tokens_total"] for r in rows]
+    assert totals == [r["rollout/gen_tokens_total"] for r in whole]
+    assert totals == list(itertools.accumulate(r["rollout/gen_tokens"] for r in rows))
+    assert totals[-1] > totals[0] > 0 and all(r["rollout/prefill_tokens"] > 0 for r in rows)
 
 
 def test_sigusr1_saves_the_step_and_resume_is_exact(tmp_path, peaked_model, target):

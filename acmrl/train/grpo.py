@@ -579,12 +579,12 @@ class GRPOTrainer:
                     self.sched.step()
             metrics = {"train/loss": 0.0, "train/target_tokens": 0.0, "train/tokens": 0.0}
         train_s = time.perf_counter() - t0
-        # what the engine generated: a branch's replayed turns were played back, not generated
-        gen_tokens = sum(
-            len(c.completion_ids)
-            for ep in episodes
-            for c in live_calls(ep.traj, self.live_from.get(ep.id, -1))
-        )
+        # what the engine generated and prefilled (the prompts less the prefix each session
+        # reused): a branch's replayed turns were played back, neither generated nor read
+        live = [c for ep in episodes for c in live_calls(ep.traj, self.live_from.get(ep.id, -1))]
+        gen_tokens = sum(len(c.completion_ids) for c in live)
+        gen_all = self._sum(gen_tokens)
+        self.state["gen_tokens"] = self.state.get("gen_tokens", 0) + int(gen_all)
         self.engine.wake_up()
         if self.sampler is not None and n_any:  # the next rollouts sample the update
             self.sampler.refresh()
@@ -609,6 +609,13 @@ class GRPOTrainer:
             "rollout/flat_episodes": self._sum(flat),
             "rollout/seconds": rollout_s,
             "rollout/gen_tokens_per_s": gen_tokens / max(1e-9, rollout_s),
+            # every process's, this step and since the run's start (a resume continues it):
+            # what runs of different group shapes are compared at
+            "rollout/gen_tokens": gen_all,
+            "rollout/gen_tokens_total": float(self.state["gen_tokens"]),
+            "rollout/prefill_tokens": self._sum(
+                sum(len(c.prompt_ids) - c.cached_prefix_tokens for c in live)
+            ),
             "train/seconds": train_s,
             "train/tokens_per_s": metrics.get("train/tokens", 0) / max(1e-9, train_s),
             "train/samples": len(samples),
@@ -664,7 +671,11 @@ class GRPOTrainer:
             self.model,
             self.opt,
             self.sched,
-            {"losses": self.state["losses"][-1000:], "rewards": self.state["rewards"][-1000:]},
+            {
+                "losses": self.state["losses"][-1000:],
+                "rewards": self.state["rewards"][-1000:],
+                "gen_tokens": self.state.get("gen_tokens", 0),
+            },
             self.tok,
         )
         if self.acc.is_main_process:
