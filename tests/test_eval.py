@@ -6,8 +6,8 @@ import csv
 import dataclasses
 import doctest
 import json
+import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -16,9 +16,8 @@ from acmrl.config import EvalConfig
 from acmrl.engines.scripted import ScriptedEngine
 from acmrl.envs import load
 from acmrl.eval.run import compare, reported_ids, run_eval
+from acmrl.provenance import PACKAGE_ROOT, read_code_version
 from acmrl.rollout.records import ContextEvent, ModelCall, Step, Trajectory
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_doctests():
@@ -161,15 +160,12 @@ def test_eval_writes_a_full_report_and_compare_reads_two(tmp_path, tokenizer):
     assert "Pass@1 [95% CI]" in md and "Reading this table" in md and "test CPU" in md
     saved = json.loads((out / "report.json").read_text())
     assert saved["vs_react"]["acm"]["pass@1_abs"] > 0
-    # the report says which code wrote it: this checkout's commit (none outside a checkout)
-    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    # the report says which code wrote it: this checkout's commit, if it is one
     code = saved["meta"]["code"]
-    assert code["commit"] == (head.stdout.strip() if head.returncode == 0 else None)
-    assert (
-        f"Report written by acmrl {code['acmrl']}"
-        + (f" at {head.stdout[:7]}" if code["commit"] else ".")
-        in md
-    )
+    assert code == read_code_version(PACKAGE_ROOT)
+    assert f"Report written by acmrl {code['acmrl']}" in md
+    if code["commit"]:
+        assert f" at {code['commit'][:7]}" in md
 
     # the same episodes, the report rebuilt without a model; then a "before" with a worse policy
     cfg.report_only = True
@@ -605,12 +601,15 @@ def test_report_says_why_episodes_failed(tmp_path, tokenizer):
 
 def test_the_code_version_names_the_commit_and_local_changes(tmp_path):
     import acmrl.provenance
-    from acmrl.provenance import code_version
 
     assert doctest.testmod(acmrl.provenance).failed == 0
+    if shutil.which("git") is None:
+        assert read_code_version(tmp_path)["commit"] is None
+        pytest.skip("git is not installed: a report names no commit")
 
     def git(*args):
-        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+        quiet = ["-c", "commit.gpgsign=false", "-c", "core.hooksPath=/dev/null"]
+        subprocess.run(["git", *quiet, "-C", str(tmp_path), *args], check=True, capture_output=True)
 
     git("init", "-q")
     (tmp_path / "f.txt").write_text("a")
@@ -619,11 +618,14 @@ def test_the_code_version_names_the_commit_and_local_changes(tmp_path):
     sha = subprocess.run(
         ["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
-    read = code_version.__wrapped__  # uncached: the checkout changes below
-    assert read(tmp_path) == {"acmrl": code_version()["acmrl"], "commit": sha, "dirty": False}
+    read = read_code_version  # uncached: the checkout changes below
+    installed = read_code_version(PACKAGE_ROOT)["acmrl"]
+    assert read(tmp_path) == {"acmrl": installed, "commit": sha, "dirty": False}
     (tmp_path / "f.txt").write_text("b")
     assert read(tmp_path)["dirty"] is True
     (tmp_path / "g.txt").write_text("untracked files do not count")
     (tmp_path / "f.txt").write_text("a")
     assert read(tmp_path)["dirty"] is False
     assert read(tmp_path / "no-such-dir")["commit"] is None  # not a checkout: no commit
+    (tmp_path / "sub").mkdir()  # inside a checkout but not its top: not this code's commit
+    assert read(tmp_path / "sub")["commit"] is None

@@ -553,13 +553,14 @@ def test_groups_without_a_success_are_dropped_not_ranked_by_cost():
         assert adv[4] == adv[5] > 0.9 and adv[6] == adv[7] < -0.9  # cheaper successes win
 
 
-def test_a_step_without_any_signal_moves_no_weight_and_warns_nothing(tmp_path, tiny_model_dir):
+def test_a_step_without_any_signal_takes_no_optimiser_step(tmp_path, tiny_model_dir):
     """Every group flat (here: no success anywhere, with ``skip_failed_groups``): no gradient, so
-    no optimiser step (the LoRA B matrices stay at their zero init), and torch's warning about a
-    scheduler step before an optimiser step (the intended order here: the schedule still
-    advances by the step's updates) is not shown to the user."""
+    no optimiser step (Adam keeps no state, the LoRA B matrices stay at their zero init), the
+    schedule still advances by the step's updates, and torch's warning about a scheduler step
+    before an optimiser step (the intended order here) is not shown to the user."""
     import warnings
 
+    import torch
     from safetensors.torch import load_file
     from typer.testing import CliRunner
 
@@ -580,3 +581,6 @@ def test_a_step_without_any_signal_moves_no_weight_and_warns_nothing(tmp_path, t
     weights = load_file(out / "final" / "adapter_model.safetensors")
     b = [t for k, t in weights.items() if "lora_B" in k]
     assert b and all(float(t.abs().max()) == 0.0 for t in b)
+    saved = torch.load(out / "checkpoints" / "step-000001" / "training.pt", weights_only=False)
+    assert saved["optimizer"]["state"] == {}  # Adam never stepped
+    assert saved["scheduler"]["last_epoch"] == 1  # the schedule did, once per update

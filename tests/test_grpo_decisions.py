@@ -4,6 +4,8 @@ weight in the loss follows the configured segment rule."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -341,6 +343,42 @@ def test_a_grpo_step_with_decision_groups(tmp_path, tiny_model_dir, env):
         metrics["decision/prefilled_tokens_per_group"] < metrics["decision/prompt_tokens_per_group"]
     )
     assert metrics["train/target_tokens"] > 0
+    # the step's rollout cost: the engine's own prefill count, and what it generated
+    assert metrics["rollout/prefill_tokens"] == trainer.engine.prefilled_tokens
+    assert metrics["rollout/gen_tokens_total"] == metrics["rollout/gen_tokens"] > 0
+
+
+def test_diverged_branches_count_in_the_rollout_tokens(tmp_path, tiny_model_dir, env, monkeypatch):
+    """A branch dropped as diverged is never trained, but the engine generated its tokens: the
+    step's ``rollout/gen_tokens`` are the sources' and the dropped branches' together."""
+    import acmrl.train.decisions as decisions
+    from acmrl.train.grpo import GRPOTrainer
+
+    monkeypatch.setattr(decisions, "mark_branch", lambda *a: False)  # every branch diverged
+    cfg = GRPOConfig(output=str(tmp_path / "grpo"), log_with=[], save_rollouts=True)
+    cfg.model.name = str(tiny_model_dir)
+    cfg.env.name, cfg.env.options = "kb_search", {"preset": "tiny"}
+    cfg.arms = ["acm"]
+    cfg.agent.max_turns = 3
+    cfg.sampling.max_new_tokens = 8
+    cfg.group_size, cfg.tasks_per_step = 3, 2
+    cfg.lora.r = 4
+    cfg.skip_flat_groups = False
+    cfg.decisions.share, cfg.decisions.context_share = 1.0, 0.0
+    trainer = GRPOTrainer(cfg)
+    try:
+        metrics = trainer.step(0)
+    finally:
+        trainer.close()
+    assert metrics["decision/diverged"] == 4 and not trainer.branch_ids
+    dropped = sum(len(c.completion_ids) for c in trainer.dropped_calls)
+    sources = [json.loads(x) for x in (tmp_path / "grpo" / "rollouts-rank0.jsonl").open()]
+    assert len(sources) == 2  # the dropped branches are not written as episodes
+    calls = [
+        c for t in sources for st in t["steps"] for c in [st["call"], *st["helper_calls"]] if c
+    ]
+    assert dropped > 0
+    assert metrics["rollout/gen_tokens"] == dropped + sum(len(c["completion_ids"]) for c in calls)
 
 
 def test_the_trainer_gives_each_segment_its_episodes_advantage_and_weight(source):

@@ -179,6 +179,10 @@ def seed_curve(
     >>> rows = seed_curve({0: {0: (0.5, 1000.0), 5: (0.25, 600.0)}, 1: {0: (0.0, None)}})
     >>> [(r["step"], r["seeds"], r["pass@1"], r["cost_per_success"]) for r in rows]
     [(0, 2, 0.25, 1000.0), (5, 1, 0.25, 600.0)]
+    >>> seed_curve({0: {5: (0.5, 1000.0)}, "1": {5: (0.25, 400.0)}})[0]["cost_per_success"]
+    800.0
+
+    (Twice the successes at 1,000 as at 400: 800, where a mean over the seeds would say 700.)
     """
     by_step: dict[int, list[tuple[float, float | None]]] = {}
     for per_seed in scores.values():
@@ -186,8 +190,9 @@ def seed_curve(
             cost = None if c is None or c == float("inf") or p <= 0 else float(c)
             by_step.setdefault(int(step), []).append((float(p), cost))
     spent: dict[int, list[float | None]] = {}
+    by_seed = {str(k): v for k, v in (tokens or {}).items()}  # int keys, or str from JSON
     for seed, per_seed in scores.items():
-        mine = {int(k): v for k, v in ((tokens or {}).get(seed) or {}).items()}
+        mine = {int(k): v for k, v in (by_seed.get(str(seed)) or {}).items()}
         for step in per_seed:
             spent.setdefault(int(step), []).append(mine.get(int(step)))
     rows = []

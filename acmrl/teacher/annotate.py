@@ -166,7 +166,7 @@ def annotate_tasks(
         }
         for ep in episodes.get(task.id, []):
             assessed += 1
-            phase(f"teacher: {assessed}/{len(runs)} assessed")
+            phase(f"teacher: assessing {assessed}/{len(runs)}")
             a = _assess(teacher, env, task, ep, cfg)
             record["trajectories"].append(ep.traj.to_dict())
             record["assessments"].append(a.to_dict() | {"source": ep.traj.episode_id})

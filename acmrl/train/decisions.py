@@ -178,12 +178,14 @@ class Branching:
     """What :func:`branch_phase` ran and kept: the episodes to train (branches that replayed
     exactly, and the extra whole episodes), the policy turns each decision group's member is
     credited on (sources included), the kept branches' ids, every branch's decision turn
-    (where its calls are live) and the phase's ``decision/*`` figures."""
+    (where its calls are live), the model calls of the branches dropped as diverged (never
+    trained, but the engine ran them) and the phase's ``decision/*`` figures."""
 
     episodes: list[Episode] = field(default_factory=list)
     credit: dict[str, tuple[int, int | None]] = field(default_factory=dict)
     ids: set[str] = field(default_factory=set)
     live_from: dict[str, int] = field(default_factory=dict)
+    dropped_calls: list[Any] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -224,6 +226,7 @@ def branch_phase(sources: list[Episode], cfg: Any, env: Any, tok: Any, engine: E
             out.episodes.append(ep)
         else:
             diverged += 1
+            out.dropped_calls += live_calls(ep.traj, d.turn)
     out.episodes += whole
     n = len(picked)
     out.metrics = {

@@ -260,6 +260,8 @@ class GRPOTrainer:
         self.branch_ids: set[str] = set()
         self.live_from: dict[str, int] = {}  # a branch's decision turn: where its calls are live
         self.decision_metrics: dict[str, float] = {}
+        self.dropped_calls: list[Any] = []  # a step's diverged branches' live model calls
+        self.prefilled: int | None = None  # what the engine prefilled in a step's rollouts
         self.log = (
             JsonlLog(self.out / f"rollouts-rank{self.acc.process_index}.jsonl", "episode_id")
             if cfg.save_rollouts
@@ -361,8 +363,10 @@ class GRPOTrainer:
         }
         episodes = step_episodes(cfg, self.env, tasks, step, self.tok, sources)
         self.credit, self.branch_ids, self.live_from, self.decision_metrics = {}, set(), {}, {}
+        self.dropped_calls = []
         self.model.eval()
         t0 = time.perf_counter()
+        before = getattr(self.engine, "prefilled_tokens", None)
         run_episodes(episodes, self.engine, concurrency=cfg.concurrency)
         if sources:
             firsts = [e for e in episodes if e.id.endswith("#0")]
@@ -373,6 +377,9 @@ class GRPOTrainer:
                 if (int(e.id.split("/", 2)[1]), e.arm) in picked  # s<step>/<k>/task#arm#0
             ]
             episodes += self._branch(heads)
+        after = getattr(self.engine, "prefilled_tokens", None)
+        # the engine's own count where it keeps one (own and borrowed prefixes both saved)
+        self.prefilled = None if before is None or after is None else after - before
         return episodes, time.perf_counter() - t0
 
     def _branch(self, sources: list[Episode]) -> list[Episode]:
@@ -381,6 +388,7 @@ class GRPOTrainer:
         b = branch_phase(sources, self.cfg, self.env, self.tok, self.engine)
         self.credit.update(b.credit)
         self.branch_ids, self.live_from, self.decision_metrics = b.ids, b.live_from, b.metrics
+        self.dropped_calls = b.dropped_calls
         return b.episodes
 
     def advantages(
@@ -579,10 +587,15 @@ class GRPOTrainer:
                     self.sched.step()
             metrics = {"train/loss": 0.0, "train/target_tokens": 0.0, "train/tokens": 0.0}
         train_s = time.perf_counter() - t0
-        # what the engine generated and prefilled (the prompts less the prefix each session
-        # reused): a branch's replayed turns were played back, neither generated nor read
+        # what the engine generated and prefilled, diverged branches included: a branch's
+        # replayed turns were played back, neither generated nor read
         live = [c for ep in episodes for c in live_calls(ep.traj, self.live_from.get(ep.id, -1))]
+        live += self.dropped_calls
         gen_tokens = sum(len(c.completion_ids) for c in live)
+        # without the engine's count: the prompts less the prefix each session reused
+        prefilled = self.prefilled
+        if prefilled is None:
+            prefilled = sum(len(c.prompt_ids) - c.cached_prefix_tokens for c in live)
         gen_all = self._sum(gen_tokens)
         self.state["gen_tokens"] = self.state.get("gen_tokens", 0) + int(gen_all)
         self.engine.wake_up()
@@ -613,9 +626,7 @@ class GRPOTrainer:
             # what runs of different group shapes are compared at
             "rollout/gen_tokens": gen_all,
             "rollout/gen_tokens_total": float(self.state["gen_tokens"]),
-            "rollout/prefill_tokens": self._sum(
-                sum(len(c.prompt_ids) - c.cached_prefix_tokens for c in live)
-            ),
+            "rollout/prefill_tokens": self._sum(prefilled),
             "train/seconds": train_s,
             "train/tokens_per_s": metrics.get("train/tokens", 0) / max(1e-9, train_s),
             "train/samples": len(samples),
