@@ -311,14 +311,11 @@ def test_the_loss_is_the_weighted_token_mean(source, tiny_engine):
     assert float(base.loss) == pytest.approx(float((per_token * m).sum() / m.sum()), rel=1e-5)
 
 
-def test_a_grpo_step_with_decision_groups(tmp_path, tiny_model_dir, env):
-    """A real GRPO step on kb_search with every group branching: its decision groups are built
-    from the rollouts, replayed without divergence, trained at their decision turns, and the
-    prefill with the engine's prefix cache is measured beside the prompt tokens."""
-    from acmrl.train.grpo import GRPOTrainer
-
-    cfg = GRPOConfig(output=str(tmp_path / "grpo"), log_with=[], save_rollouts=False)
-    cfg.model.name = str(tiny_model_dir)
+def _branching_config(tmp_path, model_dir, save_rollouts: bool) -> GRPOConfig:
+    """One GRPO step of 2 kb_search tasks x 3 on the tiny model, every group branching at a
+    state drawn anywhere (context share 0)."""
+    cfg = GRPOConfig(output=str(tmp_path / "grpo"), log_with=[], save_rollouts=save_rollouts)
+    cfg.model.name = str(model_dir)
     cfg.env.name, cfg.env.options = "kb_search", {"preset": "tiny"}
     cfg.arms = ["acm"]
     cfg.agent.max_turns = 3
@@ -327,6 +324,16 @@ def test_a_grpo_step_with_decision_groups(tmp_path, tiny_model_dir, env):
     cfg.lora.r = 4
     cfg.skip_flat_groups = False
     cfg.decisions.share, cfg.decisions.context_share = 1.0, 0.0
+    return cfg
+
+
+def test_a_grpo_step_with_decision_groups(tmp_path, tiny_model_dir, env):
+    """A real GRPO step on kb_search with every group branching: its decision groups are built
+    from the rollouts, replayed without divergence, trained at their decision turns, and the
+    prefill with the engine's prefix cache is measured beside the prompt tokens."""
+    from acmrl.train.grpo import GRPOTrainer
+
+    cfg = _branching_config(tmp_path, tiny_model_dir, save_rollouts=False)
     cfg.aggregation, cfg.segment_weight = "segment", "inverse"
     trainer = GRPOTrainer(cfg)
     try:
@@ -355,16 +362,7 @@ def test_diverged_branches_count_in_the_rollout_tokens(tmp_path, tiny_model_dir,
     from acmrl.train.grpo import GRPOTrainer
 
     monkeypatch.setattr(decisions, "mark_branch", lambda *a: False)  # every branch diverged
-    cfg = GRPOConfig(output=str(tmp_path / "grpo"), log_with=[], save_rollouts=True)
-    cfg.model.name = str(tiny_model_dir)
-    cfg.env.name, cfg.env.options = "kb_search", {"preset": "tiny"}
-    cfg.arms = ["acm"]
-    cfg.agent.max_turns = 3
-    cfg.sampling.max_new_tokens = 8
-    cfg.group_size, cfg.tasks_per_step = 3, 2
-    cfg.lora.r = 4
-    cfg.skip_flat_groups = False
-    cfg.decisions.share, cfg.decisions.context_share = 1.0, 0.0
+    cfg = _branching_config(tmp_path, tiny_model_dir, save_rollouts=True)
     trainer = GRPOTrainer(cfg)
     try:
         metrics = trainer.step(0)
