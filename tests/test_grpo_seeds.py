@@ -81,7 +81,7 @@ def test_every_seed_is_trained_chosen_on_dev_and_listed(tmp_path, tiny_model_dir
     res = _run(tmp_path, *args, "--test-curves", timeout=1800)
     assert res.returncode == 0, (res.stdout[-2000:], res.stderr[-3000:])
     curves = json.loads((tmp_path / "curves.json").read_text())
-    assert set(curves) == {"dev", "test"} and set(curves["test"]) == {"0", "1"}
+    assert set(curves) == {"dev", "test", "rollout_tokens"} and set(curves["test"]) == {"0", "1"}
     assert all(set(by_step) == {"0", "1"} for by_step in curves["test"].values())
     assert (tmp_path / "eval-test-s0-step1" / "report.json").exists()  # every checkpoint tested
     spent = curves["rollout_tokens"]["0"]
