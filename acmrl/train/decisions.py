@@ -153,6 +153,12 @@ def live_calls(traj: Trajectory, start: int) -> list[Any]:
     return calls
 
 
+def own_prefill(calls: list[Any]) -> int:
+    """The prompt tokens ``calls`` computed when each session reuses only its own cache: the
+    prompts less the prefix each reused (an engine that keeps its own count knows better)."""
+    return sum(len(c.prompt_ids) - c.cached_prefix_tokens for c in calls)
+
+
 def prefill_figures(
     branches: list[tuple[Trajectory, int]], prefilled: int | None, n_groups: int
 ) -> dict[str, float]:
@@ -164,7 +170,7 @@ def prefill_figures(
     calls = [c for traj, start in branches for c in live_calls(traj, start)]
     prompt = sum(len(c.prompt_ids) for c in calls)
     if prefilled is None:
-        prefilled = sum(len(c.prompt_ids) - c.cached_prefix_tokens for c in calls)
+        prefilled = own_prefill(calls)
     g = max(1, n_groups)
     return {
         "decision/prompt_tokens_per_group": prompt / g,
@@ -254,6 +260,7 @@ __all__ = [
     "decision_states",
     "live_calls",
     "mark_branch",
+    "own_prefill",
     "pick_decision",
     "prefill_figures",
     "run_with_replays",

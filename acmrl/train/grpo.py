@@ -113,7 +113,7 @@ from acmrl.train.common import (
     save_policy,
     shares_prefix,
 )
-from acmrl.train.decisions import branch_phase, live_calls
+from acmrl.train.decisions import branch_phase, live_calls, own_prefill
 from acmrl.train.grpo_steps import (
     branching_groups,
     episode_facts,
@@ -595,7 +595,7 @@ class GRPOTrainer:
         # without the engine's count: the prompts less the prefix each session reused
         prefilled = self.prefilled
         if prefilled is None:
-            prefilled = sum(len(c.prompt_ids) - c.cached_prefix_tokens for c in live)
+            prefilled = own_prefill(live)
         gen_all = self._sum(gen_tokens)
         self.state["gen_tokens"] = self.state.get("gen_tokens", 0) + int(gen_all)
         self.engine.wake_up()
