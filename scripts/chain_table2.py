@@ -1,22 +1,27 @@
-"""The fair Table 2 on kb_search chain or code_nav trace: one student per seed, on test tasks.
+"""The fair Table 2 on kb_search chain or code_nav trace: students per seed, on test tasks.
 
     .venv/bin/python scripts/chain_table2.py OUT [--bench chain|trace] [--seeds 0 1 2]
-        [--steps 100] [--train-arms ARM ...] [--timing spread|read|late] [--parts test dev]
-        [--eval-arms ARM ...] [--round-tasks 0] [--round-steps 10] [--test-tasks 25]
+        [--steps 300] [--train-arms ARM ...] [--timing spread|read|late] [--parts test dev]
+        [--eval-arms ARM ...] [--round-tasks 0] [--round-steps 10] [--test-tasks 8]
         [--agent KEY=VALUE ...] [--max-new-tokens 96] [--dry-run]
 
-One dataset: each arm's best-policy demonstrations (``teacher.policy=best``; arms react,
-summary, memory and acm, under ``force_answer`` as the evals) on 16 training tasks of each of
-worlds 1-10. One model is trained on all of it. react's best policy fails every chain task (the
-third document never fits; ``acmrl audit``), and a failed demonstration teaches nothing, so the
-react arm gets no training episode of its own: the shared model's react runs are the skills the
+The reported Table 2 trains one student per arm, each in its own OUT, with the defaults
+(300 SFT steps, ``--timing read``, 8 test tasks of each test world), e.g.
+``chain_table2.py runs/test-acm --train-arms acm`` and the same for summary and memory,
+then sets the students side by side with ``acmrl eval seeds acm=... summary=...``
+(docs/train.md). The demonstrations: each trained arm's best-policy demonstrations
+(``teacher.policy=best``, under ``force_answer`` as the evals) on 16 training tasks of each of
+worlds 1-10; every arm named in ``--train-arms`` trains the one model of OUT (the default,
+all four, trains one model on all four arms' demonstrations). react's best policy fails every
+chain task (the third document never fits; ``acmrl audit``), and a failed demonstration
+teaches nothing, so react has no student of its own: a model's react runs are the skills the
 other arms' demonstrations taught, in react's prompt. Then, per seed: SFT of the default model
-on all of it (the ``tiny`` demo's recipe: LoRA on the top 15 layers, lr 1e-3, 4,096-token
-batches), and an eval of the result in react, summary, memory and acm under ``force_answer`` on ``--test-tasks`` eval
-tasks of each test world (3000 and 3001), which nothing is chosen on. ``--parts dev`` evaluates each
-seed on the dev worlds (1000 and 1001) instead, the only ones to choose settings on. Finally
-``acmrl eval seeds`` over the test runs writes OUT/table2.md: every run, mean and range, and the
-paired acm/react and acm/summary differences with their McNemar p.
+(LoRA on the top 15 layers, lr 1e-3, 4,096-token batches), and an eval of the result in
+``--eval-arms`` under ``force_answer`` on ``--test-tasks`` eval tasks of each test world (3000
+and 3001), which nothing is chosen on. ``--parts dev`` evaluates each seed on the dev worlds
+(1000 and 1001) instead, the only ones to choose settings on. Finally ``acmrl eval seeds`` over
+the test runs writes OUT/table2.md: this model's runs, its arms side by side (mean and range,
+the paired differences of its arms); the Table 2 across students is the command above.
 
 Settings to choose on the dev worlds (pinned in OUT/protocol.json with the steps and tasks, so a
 rerun with others is refused): ``--train-arms``, the arms whose demonstrations are trained
@@ -271,12 +276,12 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--bench", choices=list(BUDGETS), default="chain", help="the task set")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--steps", type=int, default=100, help="SFT steps per seed")
+    ap.add_argument("--steps", type=int, default=300, help="SFT steps per seed")
     ap.add_argument(
-        "--test-tasks", type=int, default=25, help="eval tasks per world (trace: of the split)"
+        "--test-tasks", type=int, default=8, help="eval tasks per world (trace: of the split)"
     )
     ap.add_argument("--train-arms", nargs="+", default=EVAL_ARMS, help="arms demonstrated")
-    ap.add_argument("--timing", choices=["spread", "read", "late"], default="spread")
+    ap.add_argument("--timing", choices=["spread", "read", "late"], default="read")
     ap.add_argument("--parts", nargs="+", choices=["test", "dev"], default=["test"])
     ap.add_argument("--eval-arms", nargs="+", default=EVAL_ARMS)
     ap.add_argument("--round-tasks", type=int, default=0, help="teacher round, tasks per world")

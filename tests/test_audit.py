@@ -38,6 +38,8 @@ def test_chain_admits_no_trivial_answer_and_needs_context_management(tmp_path, d
         assert rows[(name, "react")]["pass@1"] <= 0.10, (name, rows[(name, "react")])
     assert rows[("ceiling", "react")]["pass@1"] <= 0.40
     assert rows[("ceiling", "react")]["overflow"] >= 0.9  # the third document never fits
+    # nor when react's thoughts repeat every evidence line read so far
+    assert rows[("noted", "react")]["pass@1"] <= 0.40
     for arm in ("acm", "summary"):
         assert rows[("ceiling", arm)]["pass@1"] >= 0.90, arm
     # acm reads the membership back from its archive on exactly the recall questions (6 of 20)

@@ -57,11 +57,18 @@ def test_the_read_timing_and_train_arms_reach_the_annotation(tmp_path):
     assert (t.pressure, t.pressure_spread, t.late_share) == (0.05, [], 0.0)
     ev = load_config(EvalConfig, cfgs / "eval-dev-s0.yaml", [])
     assert ev.arms == ["acm", "react"]
-    # the default timing is the tiny demo's spread
+    # the default is the reported protocol's: read timing, 300 steps, 8 test tasks per world
     other = tmp_path / "other"
     assert _dry(other).returncode == 0
-    spread = load_config(AnnotateConfig, other / "configs" / "annotate.yaml", []).teacher
-    assert spread.pressure_spread == [0.5, 0.9] and spread.late_share > 0
+    read = load_config(AnnotateConfig, other / "configs" / "annotate.yaml", []).teacher
+    assert (read.pressure, read.pressure_spread, read.late_share) == (0.05, [], 0.0)
+    assert load_config(SFTConfig, other / "configs" / "sft-s0.yaml", []).optim.max_steps == 300
+    test = load_config(EvalConfig, other / "configs" / "eval-test-s0.yaml", [])
+    assert test.env.options["options"]["n_eval"] == 8
+    # spread: the tiny demo's timing, each task's point drawn from 0.5-0.9 of the budget
+    assert _dry(tmp_path / "spread", "--timing", "spread").returncode == 0
+    spread = load_config(AnnotateConfig, tmp_path / "spread" / "configs" / "annotate.yaml", [])
+    assert spread.teacher.pressure_spread == [0.5, 0.9] and spread.teacher.late_share > 0
     # late: every task compacts only when the next result would not fit (the audit's timing)
     assert _dry(tmp_path / "late", "--timing", "late").returncode == 0
     late = load_config(AnnotateConfig, tmp_path / "late" / "configs" / "annotate.yaml", [])

@@ -452,6 +452,11 @@ def test_seeds_table_lists_every_run_and_pairs_the_arms(tmp_path, tokenizer):
     alone = [tuple(int(x) for x in c.split(" / ")) for c in per_run]
     total = (sum(b for b, _ in alone), sum(a for _, a in alone))
     assert pooled[0].split(" | ")[5] == f"{total[0]} / {total[1]}"
+    # the sign-flip test: in one run (one sample per task) it is the McNemar test
+    for line in text.splitlines():
+        if line.startswith("| react | acm | ") and "all 2 runs" not in line:
+            cells = line.split(" | ")
+            assert cells[6] == cells[7].removesuffix(" |")
     # a run folder with "=" in its path is a folder, not a column
     (tmp_path / "seed=0").symlink_to(runs[0])
     assert f"| {tmp_path / 'seed=0'} | acm |" in seeds_table([tmp_path / "seed=0"])
@@ -483,14 +488,39 @@ def test_seeds_table_lists_every_run_and_pairs_the_arms(tmp_path, tokenizer):
         seeds_table([runs[0], tmp_path / "fairer"])
 
 
+def test_the_sign_flip_test_counts_a_task_once_over_the_seeds():
+    """Four tasks that b solves and a does not, in each of three runs: the McNemar test over
+    every run's pairs sees 12 independent wins (p = 2 / 4096); with the task as the unit there
+    are 4, and 2 of the 16 sign patterns are as extreme (p = 0.125)."""
+    from acmrl.eval.report import mcnemar, sign_flip
+
+    runs = range(3)
+    a = {f"t{t}#{r}": [0.0] for t in range(4) for r in runs}
+    b = {f"t{t}#{r}": [1.0] for t in range(4) for r in runs}
+    assert mcnemar(a, b).p == 2 / 4096
+    tasks_a = {f"t{t}": [0.0] * 3 for t in range(4)}
+    tasks_b = {f"t{t}": [1.0] * 3 for t in range(4)}
+    assert sign_flip(tasks_a, tasks_b) == 0.125 == sign_flip(tasks_b, tasks_a)
+    # a tie and opposite differences: t0 +3, t1 -1, t2 0, t3 +1, so |sum| = 3; of the 8 sign
+    # patterns of (3, 1, 1), 6 reach |3| (5, 3, 3 and their mirrors)
+    tasks_a["t1"], tasks_b["t1"] = [1.0, 0.0, 0.0], [0.0] * 3
+    tasks_a["t2"] = tasks_b["t2"] = [1.0, 1.0, 0.0]
+    tasks_b["t3"] = [1.0, 0.0, 0.0]
+    assert sign_flip(tasks_a, tasks_b) == 6 / 8
+    with pytest.raises(ValueError, match="same number of episodes"):
+        sign_flip({"t": [1.0]}, {"t": [1.0, 0.0]})
+
+
 def test_report_splits_the_tasks_that_need_an_archived_detail(tmp_path, tokenizer):
     """On kb_search chain, the recall questions need a detail a later document selects: the
-    report says how often each arm asked its archive on them and its Pass@1 with and without
-    asking; the best acm policy asks on every one, the summary arm cannot."""
+    report says how often each arm asked its archive on them (its own archive tool:
+    query_memory in acm, read_memory in memory) and its Pass@1 with and without asking; the
+    best acm and memory policies ask on every one, the summary arm cannot."""
     from acmrl.eval.seeds import seeds_table
 
     env = load("kb_search", preset="chain", seed=0)
-    cfg = EvalConfig(output=str(tmp_path / "r"), arms=["react", "summary", "acm"], plots=False)
+    arms = ["react", "summary", "memory", "acm"]
+    cfg = EvalConfig(output=str(tmp_path / "r"), arms=arms, plots=False)
     cfg.env.options = {"preset": "chain", "seed": 0}
     cfg.env.limit = 8
     cfg.agent.max_turns = 30
@@ -500,6 +530,11 @@ def test_report_splits_the_tasks_that_need_an_archived_detail(tmp_path, tokenize
     assert acm["archive_episodes"] == summary["archive_episodes"] == len(recall) > 0
     assert acm["archive_queried"] == 1.0 and acm["archive_pass_queried"] == 1.0
     assert summary["archive_queried"] == 0.0 and summary["archive_pass_queried"] is None
+    memory = report["arms"]["memory"]
+    assert memory["archive_queried"] == 1.0 and memory["archive_episodes"] == len(recall)
+    with (tmp_path / "r" / "episodes.csv").open() as f:
+        reads = {(r["arm"], r["task_id"]): int(r["archive_reads"]) for r in csv.DictReader(f)}
+    assert all(reads["memory", t.id] >= 1 and reads["summary", t.id] == 0 for t in recall)
     md = (tmp_path / "r" / "report.md").read_text()
     assert "## Tasks that need an archived detail" in md
     assert f"| acm | {len(recall)} | 1.00 | 1.00 | 1.00 | - |" in md

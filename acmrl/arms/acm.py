@@ -55,6 +55,7 @@ ACM_TOOLS = [
 
 class Acm(Arm):
     name = "acm"
+    archive_tool = QUERY_MEMORY
     tools = ACM_TOOLS
     compacts = True
     demo_compaction_says = "so I will compact my earlier steps before I go on."

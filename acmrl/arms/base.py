@@ -36,6 +36,9 @@ class Arm:
     injection_says = ""
     #: the turn after the policy's compaction continues the plan its summary wrote down
     resumes_from_summary = False
+    #: the policy's tool that brings back what left the context (its archive or its memory);
+    #: None: the arm has none. Reports count its calls on the tasks that need an archived detail
+    archive_tool: ClassVar[str | None] = None
 
     @property
     def tool_names(self) -> set[str]:

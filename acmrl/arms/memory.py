@@ -46,6 +46,7 @@ still need. Write only the memory."""
 
 class Memory(Arm):
     name = "memory"
+    archive_tool = READ_MEMORY
     tools = MEMORY_TOOLS
 
     def system_prompt(self, budget: int, agent: Any = None) -> str:

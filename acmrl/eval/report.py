@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from acmrl.arms import REGISTRY
 from acmrl.config import ARMS
 from acmrl.context.prefix import reusable_prefix
 from acmrl.eval.edits import edit_calls, edit_figures, edit_rows
@@ -65,6 +66,10 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _archive_tool(arm: str) -> str | None:
+    return REGISTRY[arm].archive_tool if arm in REGISTRY else None
 
 
 def _policy_steps(t: Trajectory) -> list[Any]:
@@ -136,6 +141,10 @@ def episode_row(t: Trajectory, budget: int, needs: Needs | None = None) -> dict[
             len(c.prompt_ids) + len(c.completion_ids) for c in helpers if c.role == "summariser"
         ),
         "querier_calls": sum(c.role == "querier" for c in helpers),
+        # the policy's calls of its arm's archive tool (query_memory, read_memory)
+        "archive_reads": sum(a["name"] == archive for s in steps for a in s.actions)
+        if (archive := _archive_tool(t.arm))
+        else 0,
         "querier_tokens": sum(
             len(c.prompt_ids) + len(c.completion_ids) for c in helpers if c.role == "querier"
         ),
@@ -230,6 +239,43 @@ def mcnemar(a: dict[str, list[float]], b: dict[str, list[float]]) -> McNemar:
     return McNemar(only_a, only_b, p)
 
 
+def sign_flip(a: dict[str, list[float]], b: dict[str, list[float]]) -> float:
+    """The exact two-sided sign-flip (permutation) p-value of ``b - a`` with the task as the
+    unit: each key's successes of ``b`` less those of ``a`` (summed over its episodes: the
+    runs and samples of one task), and under the null hypothesis each task's difference is as
+    likely to be of either sign. Where every key holds one episode per side this is the exact
+    McNemar test; over several training seeds it counts each task once, where a McNemar over
+    all the seeds' pairs counts a task once per seed as if the pairs were independent. Exact
+    for any number of tasks (the sums are integers: their distribution is counted, not
+    sampled).
+
+    >>> a = {"t1": [0.0, 0.0], "t2": [0.0, 1.0], "t3": [1.0, 1.0]}
+    >>> b = {"t1": [1.0, 1.0], "t2": [1.0, 1.0], "t3": [1.0, 1.0]}
+    >>> sign_flip(a, b)  # differences 2 and 1: of the 4 sign patterns, 2 reach |3|
+    0.5
+    """
+    keys = sorted(set(a) & set(b))
+    if any(len(a[k]) != len(b[k]) for k in keys):
+        raise ValueError("sign_flip pairs the same number of episodes per task on both sides")
+
+    def wins(xs: list[float]) -> int:
+        return sum(x >= 1.0 for x in xs)
+
+    signed = [wins(b[k]) - wins(a[k]) for k in keys]
+    diffs = [abs(d) for d in signed if d]
+    if not diffs:
+        return 1.0
+    observed = abs(sum(signed))
+    counts: dict[int, int] = {0: 1}  # sum of the signed differences -> sign patterns
+    for d in diffs:
+        nxt: dict[int, int] = {}
+        for total, c in counts.items():
+            for t in (total + d, total - d):
+                nxt[t] = nxt.get(t, 0) + c
+        counts = nxt
+    return min(1.0, sum(c for t, c in counts.items() if abs(t) >= observed) / 2 ** len(diffs))
+
+
 def per_episode(rows: list[dict[str, Any]], key: str = "success") -> dict[str, list[float]]:
     """``key`` of each episode row under ``<task_id>#<sample>`` (the pairs of :func:`mcnemar`)."""
     return {f"{r['task_id']}#{r.get('sample', 0)}": [r[key]] for r in rows}
@@ -311,20 +357,26 @@ def arm_summary(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
 
 def archive_detail_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """On the tasks that need an archived detail (``archive_detail``): how many, the share of
-    their episodes that asked the archive (``query_memory``: a querier call), and Pass@1 of the
-    episodes that did and of those that did not. Empty when no task is known to need one.
+    their episodes that asked the archive (called the arm's archive tool: ``query_memory`` in
+    acm, ``read_memory`` in memory; rows written before that count was kept: a querier call),
+    and Pass@1 of the episodes that did and of those that did not. Empty when no task is known
+    to need one.
 
-    >>> rows = [{"archive_detail": 1.0, "querier_calls": 1, "success": 1.0},
-    ...         {"archive_detail": 1.0, "querier_calls": 0, "success": 0.0},
-    ...         {"archive_detail": 0.0, "querier_calls": 0, "success": 1.0}]
+    >>> rows = [{"archive_detail": 1.0, "archive_reads": 1, "success": 1.0},
+    ...         {"archive_detail": 1.0, "archive_reads": 0, "success": 0.0},
+    ...         {"archive_detail": 0.0, "archive_reads": 0, "success": 1.0}]
     >>> archive_detail_figures(rows)["archive_queried"], archive_detail_figures(rows)["archive_pass_queried"]
     (0.5, 1.0)
     """
     need = [r for r in rows if r.get("archive_detail")]
     if not need:
         return {}
-    asked = [r for r in need if float(r.get("querier_calls") or 0) > 0]
-    other = [r for r in need if float(r.get("querier_calls") or 0) == 0]
+
+    def reads(r: dict[str, Any]) -> float:
+        return float(r.get("archive_reads", r.get("querier_calls")) or 0)
+
+    asked = [r for r in need if reads(r) > 0]
+    other = [r for r in need if reads(r) == 0]
 
     def rate(rs: list[dict[str, Any]]) -> float | None:
         return sum(float(r["success"]) for r in rs) / len(rs) if rs else None

@@ -190,6 +190,7 @@ EPISODE_FIELDS = [
     "summary_facts_kept",
     "querier_calls",
     "querier_tokens",
+    "archive_reads",
     "archive_detail",
     "failure",
     "needs_known",
@@ -419,7 +420,9 @@ def archive_lines(report: dict[str, Any]) -> list[str]:
         "## Tasks that need an archived detail",
         "",
         "A detail that matters only once a later document says so: a summary written before "
-        "cannot know to keep it; `query_memory` (acm) or reading the document again brings it back.",
+        "cannot know to keep it; the arm's archive tool (`query_memory` in acm, `read_memory` in "
+        "memory) or reading the document again brings it back. Asked the archive: the share "
+        "of these episodes where the policy called that tool.",
         "",
         "| arm | episodes | asked the archive | Pass@1 | Pass@1 when asked | Pass@1 when not |",
         "|---|---|---|---|---|---|",

@@ -3,8 +3,9 @@
 Each argument is a folder ``acmrl eval`` wrote for one trained model (one training seed) on the
 same tasks. The table lists every run (never the best of them), then per arm the mean and the
 range over runs of Pass@1, peak tokens and Compaction Cost per episode, and per pair of arms the
-paired difference in each run and over all runs: the bootstrap interval over tasks and the exact
-McNemar p-value, from the runs' ``episodes.csv``.
+paired difference in each run and over all runs: the bootstrap interval over tasks, the exact
+McNemar p-value and the exact sign-flip p-value with the task as the unit, from the runs'
+``episodes.csv``.
 
 Where each arm has its own trained model (one student per arm, the same demonstrations, steps
 and rounds), name the runs per column instead: ``acmrl eval seeds acm=A0,A1,A2
@@ -24,9 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from acmrl.config import ARMS
-from acmrl.eval.report import mcnemar, paired_bootstrap
+from acmrl.eval.report import mcnemar, paired_bootstrap, sign_flip
 
-PAIRS = (("react", "acm"), ("summary", "acm"), ("react", "summary"))
+PAIRS = (
+    ("react", "acm"),
+    ("summary", "acm"),
+    ("react", "summary"),
+    ("react", "memory"),
+    ("memory", "acm"),
+)
 
 
 @dataclass
@@ -161,6 +168,14 @@ def _runs_with(columns: list[Column], key: str) -> list[tuple[Any, Column]]:
     ]
 
 
+def _by_task(episodes: dict[str, list[float]]) -> dict[str, list[float]]:
+    """``<task>#<sample>`` keys grouped by task."""
+    out: dict[str, list[float]] = {}
+    for key, v in episodes.items():
+        out.setdefault(key.rsplit("#", 1)[0], []).extend(v)
+    return out
+
+
 def _table(columns: list[Column], output: str | Path | None) -> str:
     n_runs = max(len(c.runs) for c in columns)
     lines = [
@@ -254,10 +269,13 @@ def _table(columns: list[Column], output: str | Path | None) -> str:
             "tasks, each task's successes averaged over the runs and samples, so it shows task "
             "sampling, not seed to seed variation: read that in the per-run rows; the pooled "
             "McNemar pairs each run's episodes with the same seed's and counts them as "
-            "independent pairs):",
+            "independent pairs, so a task counts once per run; the sign-flip test counts each "
+            "task once, its successes summed over the runs: in one run it is the McNemar "
+            "test):",
             "",
-            "| a | b | run | Pass@1 b - a | paired 95% CI | b alone / a alone | exact McNemar p |",
-            "|---|---|---|---|---|---|---|",
+            "| a | b | run | Pass@1 b - a | paired 95% CI | b alone / a alone | exact McNemar p "
+            "| exact sign-flip p, tasks |",
+            "|---|---|---|---|---|---|---|---|",
         ]
     for ca, cb in pairs:
         pooled_a: dict[str, list[float]] = {}
@@ -270,7 +288,8 @@ def _table(columns: list[Column], output: str | Path | None) -> str:
             where = ra.folder if ra is rb else f"{ra.folder} : {rb.folder}"
             lines.append(
                 f"| {ca.label} | {cb.label} | {where} | {p.diff:+.3f} | [{p.low:+.3f}, "
-                f"{p.high:+.3f}] | {m.only_b} / {m.only_a} | {m.p:.3g} |"
+                f"{p.high:+.3f}] | {m.only_b} / {m.only_a} | {m.p:.3g} | "
+                f"{sign_flip(_by_task(a), _by_task(b)):.3g} |"
             )
             for key in set(a) & set(b):
                 pooled_a[f"{i}/{key}"], pooled_b[f"{i}/{key}"] = a[key], b[key]
@@ -281,7 +300,8 @@ def _table(columns: list[Column], output: str | Path | None) -> str:
             p, m = paired_bootstrap(by_task_a, by_task_b), mcnemar(pooled_a, pooled_b)
             lines.append(
                 f"| {ca.label} | {cb.label} | all {len(ca.runs)} runs | {p.diff:+.3f} | "
-                f"[{p.low:+.3f}, {p.high:+.3f}] | {m.only_b} / {m.only_a} | {m.p:.3g} |"
+                f"[{p.low:+.3f}, {p.high:+.3f}] | {m.only_b} / {m.only_a} | {m.p:.3g} | "
+                f"{sign_flip(by_task_a, by_task_b):.3g} |"
             )
     text = "\n".join(lines) + "\n"
     if output is not None:
