@@ -20,7 +20,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from acmrl.config import RolloutConfig, load_config
+from acmrl.config import EvalConfig, RolloutConfig, load_config
 from acmrl.eval.failures import FAILURES, failure_of, in_view, task_needs
 from acmrl.eval.run import reported_ids
 from acmrl.models import load_tokenizer
@@ -46,7 +46,10 @@ def main() -> None:
     groups: dict[str, list[tuple[str | None, bool, bool, bool]]] = defaultdict(list)
     tokenizer = None
     for run in args.runs:
-        cfg = load_config(RolloutConfig, run / "config.yaml")
+        try:  # the eval's config; a folder written before that: the rollout's
+            cfg = load_config(EvalConfig, run / "config.yaml")
+        except ValueError:
+            cfg = load_config(RolloutConfig, run / "config.yaml")
         env = build_environment(cfg.env)
         ids = reported_ids(run)  # the episodes its report covers
         trajs = [

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 import acmrl.eval.report as R
-from acmrl.config import EvalConfig
+from acmrl.config import EvalConfig, load_config
 from acmrl.engines.scripted import ScriptedEngine
 from acmrl.envs import load
 from acmrl.eval.run import compare, reported_ids, run_eval
@@ -170,6 +170,10 @@ def test_eval_writes_a_full_report_and_compare_reads_two(tmp_path, tokenizer):
     # the same episodes, the report rebuilt without a model; then a "before" with a worse policy
     cfg.report_only = True
     assert run_eval(cfg)["arms"]["acm"]["pass@1"] == 1.0
+    # the folder keeps the eval's own config: it loads as one and rebuilds the same report
+    again = load_config(EvalConfig, out / "config.yaml", ["report_only=true"])
+    assert (again.arms, again.env, again.agent) == (cfg.arms, cfg.env, cfg.agent)
+    assert run_eval(again)["arms"] == run_eval(cfg)["arms"]
     # the same file under a plan of one arm, then of fewer tasks: the other episodes stay in
     # the file, out of the report and of episodes.csv, which other readers keep to
     one = EvalConfig(output=cfg.output, arms=["acm"], report_only=True)

@@ -9,6 +9,7 @@ puts two result folders side by side (before/after training) with paired differe
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -16,7 +17,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from acmrl.config import EvalConfig, RolloutConfig
+import yaml
+
+from acmrl.config import EvalConfig, RolloutConfig, to_dict
 from acmrl.engines.base import Engine
 from acmrl.eval.failures import FAILURES, Needs, task_needs
 from acmrl.eval.report import build_report, mcnemar, paired_bootstrap, rows_from
@@ -135,6 +138,10 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None) -> dict[str, Any]:
         if engine is None and cfg.engine.kind == "oracle":
             engine = _oracle(cfg)
         run_rollout(rollout_config(cfg), engine=engine)
+    # the eval's own config, in place of the rollout's: `acmrl eval -c OUT/config.yaml` reruns
+    # it (its finished episodes kept) and `report_only=true` rebuilds its report
+    saved = to_dict(dataclasses.replace(cfg, report_only=False))
+    _atomic_write(out / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
     path = out / EPISODES
     if not path.exists():
         raise ValueError(f"{path} does not exist: run the eval first (report_only=false)")
