@@ -859,6 +859,14 @@ class DecisionConfig:
         "which tokens of a branch get its advantage: the decision turn's (and the summaries or "
         "extracts it triggered), or those and every later turn's",
     )
+    source: Literal["scout", "member"] = option(
+        "scout",
+        "the episode a decision state is drawn from: a scout that is not trained (its group is "
+        "G fresh branches, or G fresh whole episodes when it has no decision state), or a member "
+        "of its group beside G - 1 branches (cheaper, but the state was chosen by what that "
+        "episode did there, so its reward is a biased sample: at a state drawn because it "
+        "compacted, its action is compaction by construction)",
+    )
 
 
 @dataclasses.dataclass

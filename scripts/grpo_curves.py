@@ -5,7 +5,9 @@ whole-episode groups against decision groups, from the same start, over the same
         [--part test|dev] [--x step|tokens]
 
 Each RUN is a ``grpo_seeds.py`` output folder; its ``curves.json`` holds every evaluated
-checkpoint's Pass@1 and Compaction Cost per success. ``--part test`` (the default) needs runs
+checkpoint's Pass@1 and Compaction Cost per success. The runs must share their protocol (start,
+seeds, steps, group shape, tasks, agent: ``protocol.json``) and differ in their GRPO options
+(``--set``) alone. ``--part test`` (the default) needs runs
 made with ``--test-curves``; ``--part dev`` reads the evals the checkpoints were chosen on.
 Writes DIR/seed_curves.md (per configuration and step: Pass@1 mean and range over the seeds,
 Compaction Cost per success pooled over their successes, with its range) and
@@ -37,6 +39,28 @@ def read_curve(run: Path, part: str) -> list[dict]:
     return seed_curve(by_part[part], by_part.get("rollout_tokens"))
 
 
+def check_comparable(runs: list[Path]) -> None:
+    """The runs must differ in their GRPO options (``--set``) alone: the same start, seeds,
+    steps, group shape, tasks and agent (their ``protocol.json``); else the curves would set,
+    e.g., two seeds' mean beside one seed's."""
+    protocols = []
+    for run in runs:
+        path = run / "protocol.json"
+        if not path.exists():
+            raise SystemExit(f"{path} does not exist: is {run} a grpo_seeds.py run?")
+        protocols.append(json.loads(path.read_text()))
+    first = protocols[0]
+    for run, p in zip(runs[1:], protocols[1:], strict=True):
+        keys = (set(first) | set(p)) - {"sets"}
+        changed = sorted(k for k in keys if first.get(k) != p.get(k))
+        if changed:
+            diff = "; ".join(f"{k}: {first.get(k)} / {p.get(k)}" for k in changed)
+            raise SystemExit(
+                f"{runs[0]} and {run} differ in more than their GRPO options ({diff}): their "
+                "curves are not comparable"
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", type=Path, nargs="+", help="grpo_seeds.py output folders")
@@ -56,6 +80,7 @@ def main() -> None:
     curves = {
         label: read_curve(run, args.part) for label, run in zip(labels, args.runs, strict=True)
     }
+    check_comparable(args.runs)
     title = f"GRPO per step on the {args.part} worlds: " + " against ".join(labels)
     print(write_seed_curves(curves, args.to, title, x=args.x))
 

@@ -255,7 +255,7 @@ def test_an_episodes_weight_follows_the_segment_rule(env, source, tiny_engine):
     weights = {}
     for aggregation, rule in (("segment", "inverse"), ("segment", "one"), ("token", "one")):
         cfg = GRPOConfig(aggregation=aggregation, segment_weight=rule)
-        fake = SimpleNamespace(cfg=cfg, credit={}, branch_ids=set())
+        fake = SimpleNamespace(cfg=cfg, credit={}, branch_ids=set(), scouts=set())
         samples, adv, coefs, _ = GRPOTrainer.samples(fake, [ep, plain], [0.25, -0.25])
         by_episode: dict[str, float] = {}
         for s, a, c in zip(samples, adv, coefs, strict=True):
@@ -341,8 +341,10 @@ def test_a_grpo_step_with_decision_groups(tmp_path, tiny_model_dir, env):
     finally:
         trainer.close()
     assert metrics["decision/groups"] == 2 and metrics["decision/diverged"] == 0
-    assert metrics["decision/members"] == 6  # each source and its two branches
-    assert len(trainer.branch_ids) == 4 and set(trainer.credit) >= trainer.branch_ids
+    # each group is three branches; the sources scouted the states and are not trained
+    assert metrics["decision/members"] == 6 and metrics["decision/scouts"] == 2
+    assert len(trainer.branch_ids) == 6 and set(trainer.credit) == trainer.branch_ids
+    assert not trainer.scouts & set(trainer.credit)
     assert metrics["rollout/flat_episodes"] <= metrics["rollout/episodes"]
     assert metrics["rollout/episodes"] == 2  # the sources: branches are not whole episodes
     assert metrics["decision/prefilled_tokens_per_group"] > 0
@@ -368,7 +370,7 @@ def test_diverged_branches_count_in_the_rollout_tokens(tmp_path, tiny_model_dir,
         metrics = trainer.step(0)
     finally:
         trainer.close()
-    assert metrics["decision/diverged"] == 4 and not trainer.branch_ids
+    assert metrics["decision/diverged"] == 6 and not trainer.branch_ids
     dropped = sum(len(c.completion_ids) for c in trainer.dropped_calls)
     sources = [json.loads(x) for x in (tmp_path / "grpo" / "rollouts-rank0.jsonl").open()]
     assert len(sources) == 2  # the dropped branches are not written as episodes
@@ -389,7 +391,7 @@ def test_the_trainer_gives_each_segment_its_episodes_advantage_and_weight(source
 
     ep, _ = source
     cfg = GRPOConfig(aggregation="segment", segment_weight="inverse")
-    fake = SimpleNamespace(cfg=cfg, credit={}, branch_ids=set())
+    fake = SimpleNamespace(cfg=cfg, credit={}, branch_ids=set(), scouts=set())
     samples, adv, coefs, flat = GRPOTrainer.samples(fake, [ep], [0.25])
     assert flat == 0 and len(samples) >= 3 and adv == [0.25] * len(samples)
     total = sum(c * sum(s.loss_mask[1:]) for c, s in zip(coefs, samples, strict=True))
@@ -397,6 +399,43 @@ def test_the_trainer_gives_each_segment_its_episodes_advantage_and_weight(source
     fake.credit = {ep.id: (2, 2)}  # a decision group's member: its decision turn only
     decided, _, _, _ = GRPOTrainer.samples(fake, [ep], [0.25])
     assert sum(sum(s.loss_mask) for s in decided) < sum(sum(s.loss_mask) for s in samples)
+
+
+def test_a_scout_is_neither_trained_nor_in_its_groups_mean(source):
+    """A decision group's source found the state from what it did there, so its reward is no
+    fair sample of that state: under decisions.source=scout it is its own group (advantage 0)
+    and trains nothing, and the branches' advantages are taken against their own mean."""
+    import copy
+    from types import SimpleNamespace
+
+    from acmrl.train.grpo import GRPOTrainer
+    from acmrl.train.grpo_steps import reward_weights
+
+    ep, _ = source
+    scout = copy.deepcopy(ep)
+    scout.id = "s0/0/t#acm#0"
+    branches = []
+    for r, score in ((1, 1.0), (2, 0.0)):
+        b = copy.deepcopy(ep)
+        b.id, b.traj.score = f"s0/0/t#acm#b{r}", score
+        branches.append(b)
+    scout.traj.score = 1.0  # a success that would pull the branches' mean up
+    cfg = GRPOConfig()
+    fake = SimpleNamespace(
+        cfg=cfg, weights=reward_weights(cfg), credit={b.id: (2, 2) for b in branches},
+        scouts={scout.id}, branch_ids={b.id for b in branches},
+    )  # fmt: skip
+    rewards, adv, _ = GRPOTrainer.advantages(fake, [scout, *branches])
+    assert adv[0] == 0.0
+    assert adv[1] == pytest.approx(rewards[1] - (rewards[1] + rewards[2]) / 2)
+    assert adv[2] == pytest.approx(-adv[1]) and adv[1] > 0
+    samples, _, _, _ = GRPOTrainer.samples(fake, [scout, *branches], adv)
+    assert samples and scout.id not in {s.episode_id for s in samples}
+    # as a member (decisions.source=member) it would be in the group and trained
+    member = SimpleNamespace(**{**vars(fake), "scouts": set()})
+    member.credit = {**fake.credit, scout.id: (2, 2)}
+    _, adv_member, _ = GRPOTrainer.advantages(member, [scout, *branches])
+    assert adv_member[0] != 0.0 and adv_member[1] != adv[1]
 
 
 def test_an_episode_marked_by_a_tool_server_incident_is_left_out_of_the_update(source):
@@ -410,7 +449,7 @@ def test_an_episode_marked_by_a_tool_server_incident_is_left_out_of_the_update(s
     ep, _ = source
     marked = copy.deepcopy(ep)
     marked.traj.metrics["env_incidents"] = 1
-    fake = SimpleNamespace(cfg=GRPOConfig(), credit={}, branch_ids=set())
+    fake = SimpleNamespace(cfg=GRPOConfig(), credit={}, branch_ids=set(), scouts=set())
     kept, adv, _, _ = GRPOTrainer.samples(fake, [ep, marked], [0.25, -0.25])
     alone, _, _, _ = GRPOTrainer.samples(fake, [ep], [0.25])
     assert kept and len(kept) == len(alone) and adv == [0.25] * len(kept)

@@ -70,6 +70,19 @@ def test_the_choice_is_dev_pass_then_cost_then_the_earliest():
     assert choose({0: (0.0, float("inf")), 5: (0.0, float("inf"))}) == 0
 
 
+def test_a_token_budget_leaves_the_checkpoints_that_cost_more_out_of_the_choice():
+    """--token-budget: runs of different group shapes are compared at the same spend, so a
+    checkpoint whose run had generated more rollout tokens (or an unknown number) is not
+    eligible; the start always is."""
+    script = _script()
+    scores = {0: (0.25, 900.0), 5: (0.5, 1200.0), 10: (0.75, 1000.0), 15: (1.0, 10.0)}
+    spent = {0: 0.0, 5: 4000.0, 10: 8000.0, 15: None}
+    assert script.choose(scores) == 15
+    assert script.choose(script.within(scores, spent, 8000)) == 10
+    assert script.choose(script.within(scores, spent, 5000)) == 5
+    assert script.within(scores, spent, 100) == {0: (0.25, 900.0)}
+
+
 @pytest.mark.slow
 def test_every_seed_is_trained_chosen_on_dev_and_listed(tmp_path, tiny_model_dir):
     """The whole script on the tiny model: two seeds of 1 GRPO step with decision groups, a
@@ -81,7 +94,9 @@ def test_every_seed_is_trained_chosen_on_dev_and_listed(tmp_path, tiny_model_dir
     res = _run(tmp_path, *args, "--test-curves", timeout=1800)
     assert res.returncode == 0, (res.stdout[-2000:], res.stderr[-3000:])
     curves = json.loads((tmp_path / "curves.json").read_text())
-    assert set(curves) == {"dev", "test", "rollout_tokens"} and set(curves["test"]) == {"0", "1"}
+    assert set(curves) == {"dev", "test", "rollout_tokens", "prefill_tokens"}
+    assert set(curves["test"]) == {"0", "1"}
+    assert curves["prefill_tokens"]["0"]["0"] == 0 and curves["prefill_tokens"]["0"]["1"] > 0
     assert all(set(by_step) == {"0", "1"} for by_step in curves["test"].values())
     assert (tmp_path / "eval-test-s0-step1" / "report.json").exists()  # every checkpoint tested
     spent = curves["rollout_tokens"]["0"]
@@ -104,12 +119,14 @@ def test_every_seed_is_trained_chosen_on_dev_and_listed(tmp_path, tiny_model_dir
         assert again.returncode != 0 and "started with other settings" in again.stderr, other
 
 
-def _curves_run(folder: Path, test: dict[str, dict[str, list]]) -> Path:
+def _curves_run(folder: Path, test: dict[str, dict[str, list]], sets: list[str]) -> Path:
     folder.mkdir(parents=True)
     # each seed had generated 200 rollout tokens per step by each checkpoint
     spent = {seed: {step: 200.0 * int(step) for step in s} for seed, s in test.items()}
     saved = {"dev": test, "test": test, "rollout_tokens": spent}
     (folder / "curves.json").write_text(json.dumps(saved))
+    protocol = {"seeds": [int(s) for s in test], "steps": 5, "group": 4, "sets": sets}
+    (folder / "protocol.json").write_text(json.dumps(protocol))
     return folder
 
 
@@ -118,9 +135,15 @@ def test_curves_of_two_configurations_side_by_side(tmp_path):
     seeds and the Compaction Cost per success pooled over their successes; a run without test
     curves is refused with the flag that makes them."""
     whole = _curves_run(
-        tmp_path / "whole", {"0": {"0": [0.25, 1000.0], "5": [0.5, 900.0]}, "1": {"0": [0.0, None]}}
+        tmp_path / "whole",
+        {"0": {"0": [0.25, 1000.0], "5": [0.5, 900.0]}, "1": {"0": [0.0, None]}},
+        [],
     )
-    decision = _curves_run(tmp_path / "decision", {"0": {"0": [0.25, 1000.0], "5": [0.75, 600.0]}})
+    decision = _curves_run(
+        tmp_path / "decision",
+        {"0": {"0": [0.25, 1000.0], "5": [0.75, 600.0]}, "1": {"0": [0.0, None]}},
+        ["decisions.share=1.0"],
+    )
     cmd = [sys.executable, str(ROOT / "scripts" / "grpo_curves.py"), str(whole), str(decision)]
     cmd += ["--to", str(tmp_path / "cmp"), "--labels", "whole", "decision", "--x", "tokens"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -130,6 +153,16 @@ def test_curves_of_two_configurations_side_by_side(tmp_path):
     assert "| whole | 0 | 0 | 2 | 0.125 (0.000-0.250) | 1,000 (1,000-1,000) |" in md
     assert "| decision | 5 | 1,000 | 1 | 0.750 (0.750-0.750) | 600 (600-600) |" in md
     assert (tmp_path / "cmp" / "seed_curves.png").stat().st_size > 0
+    # runs that differ in more than their GRPO options (here one seed fewer) are refused
+    fewer = _curves_run(tmp_path / "fewer", {"0": {"0": [0.25, 1000.0]}}, [])
+    mixed = subprocess.run(
+        [*cmd[:2], str(whole), str(fewer), "--to", str(tmp_path / "y")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert mixed.returncode != 0 and "differ in more than their GRPO options (seeds" in mixed.stderr
     (tmp_path / "dev-only").mkdir()
     (tmp_path / "dev-only" / "curves.json").write_text(json.dumps({"dev": {}}))
     bad = subprocess.run(

@@ -9,17 +9,22 @@ decision group starts the same way, from one episode (the *source*), then:
    ``manage_context`` or ``evolve`` call) or whose input is above ``decisions.context_share`` of
    the budget (where compacting was an option). One is drawn, seeded by the run's seed and the
    episode id.
-2. **Branches.** G - 1 branches replay the source up to that turn (its turns and the summariser
+2. **Branches.** G branches replay the source up to that turn (its turns and the summariser
    or querier replies they triggered are played back through the real environment and context
    tools, as a teacher's splice does: :func:`acmrl.rollout.replay.replayed_turns`), then the
-   policy samples the decision turn anew and goes on to the end. With the source they are G
-   samples of what follows one state, under the current policy: their rewards form the group.
+   policy samples the decision turn anew and goes on to the end: G samples of what follows one
+   state, under the current policy, whose rewards form the group. The source is a *scout*
+   (``decisions.source=scout``, the default): it found the state and is not trained, since the
+   state was drawn from what it did (at a state drawn because it compacted there, its own
+   action is compaction by construction), so its reward is not a fair sample of that state.
+   ``decisions.source=member`` keeps the source in its group beside G - 1 branches, one branch
+   cheaper, with that bias.
 3. **Credit.** Each member's advantage goes to its decision turn's tokens (and the summaries or
    extracts that turn triggered), or with ``decisions.credit=continuation`` to every turn from
    the decision on. Turns before it are the same in every member: context, never targets.
 
-A source without a decision state gets G - 1 more whole episodes instead (a whole-episode group),
-run after the branches (so the branches' prefill is measured alone). The engine's prefix cache makes branches cheap: every
+A source without a decision state gets G more whole episodes instead (a whole-episode group;
+G - 1 beside the source as a member), run after the branches (so the branches' prefill is measured alone). The engine's prefix cache makes branches cheap: every
 branch of a group starts from the same input, which the ``hf`` engine reads once and lends to
 the others (``share_prefix``); :func:`prefill_figures` counts what was read with and without it.
 """
@@ -183,26 +188,32 @@ def prefill_figures(
 class Branching:
     """What :func:`branch_phase` ran and kept: the episodes to train (branches that replayed
     exactly, and the extra whole episodes), the policy turns each decision group's member is
-    credited on (sources included), the kept branches' ids, every branch's decision turn
-    (where its calls are live), the model calls of the branches dropped as diverged (never
-    trained, but the engine ran them) and the phase's ``decision/*`` figures."""
+    credited on (sources too when they are members), the kept branches' ids, the scouts (the
+    sources left out of training), every branch's decision turn (where its calls are live),
+    the model calls of the branches dropped as diverged (never trained, but the engine ran
+    them) and the phase's ``decision/*`` figures."""
 
     episodes: list[Episode] = field(default_factory=list)
     credit: dict[str, tuple[int, int | None]] = field(default_factory=dict)
     ids: set[str] = field(default_factory=set)
+    scouts: set[str] = field(default_factory=set)
     live_from: dict[str, int] = field(default_factory=dict)
     dropped_calls: list[Any] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
 
 
 def branch_phase(sources: list[Episode], cfg: Any, env: Any, tok: Any, engine: Engine) -> Branching:
-    """GRPO's second rollout phase (``cfg``: a ``GRPOConfig``): G - 1 branches from a decision
-    state of each source, then G - 1 more whole episodes for each source without one."""
+    """GRPO's second rollout phase (``cfg``: a ``GRPOConfig``): branches from a decision state
+    of each source, whole episodes for each source without one (G of them, or G - 1 with
+    ``decisions.source=member``)."""
     dc, out = cfg.decisions, Branching()
+    scout = dc.source == "scout"
     jobs, scripts, whole, picked = {}, {}, [], []
     for src in sources:
         d = pick_decision(decision_states(src.traj, src.budget, dc.context_share), cfg.seed, src.id)
-        for r in range(1, cfg.group_size):
+        if scout:
+            out.scouts.add(src.id)
+        for r in range(1, cfg.group_size + scout):
             # without a decision state the group is a whole-episode one
             eid = branch_id(src.id, r) if d else src.id.rsplit("#", 1)[0] + f"#{r}"
             ep = make_episode(
@@ -214,7 +225,8 @@ def branch_phase(sources: list[Episode], cfg: Any, env: Any, tok: Any, engine: E
                 jobs[eid] = (ep, src, d)
                 scripts |= branch_scripts(src.traj, d, eid, tok)
         if d is not None:
-            out.credit[src.id] = turns_credited(d, dc.credit)
+            if not scout:
+                out.credit[src.id] = turns_credited(d, dc.credit)
             picked.append(d)
     before = getattr(engine, "prefilled_tokens", None)
     branches = [ep for ep, _, _ in jobs.values()]

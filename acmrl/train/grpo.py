@@ -18,9 +18,10 @@ The algorithm, per step ``s`` (one optimiser step per ``updates_per_step``):
    optimiser step (:mod:`acmrl.train.sampler`): at bf16 speed, with the old logprobs
    recomputed by the trainer as always.
    With ``decisions.share`` > 0, that share of the groups are *decision groups*
-   (:mod:`acmrl.train.decisions`): one episode, then G - 1 branches that replay it up to one of
-   its decision states (a compaction call, manage_context or evolve, or an input above
-   ``decisions.context_share`` of the budget) and sample from there on, in a second phase.
+   (:mod:`acmrl.train.decisions`): one episode (a scout, not trained), then G branches that
+   replay it up to one of its decision states (a compaction call, manage_context or evolve, or
+   an input above ``decisions.context_share`` of the budget) and sample from there on, in a
+   second phase (``decisions.source=member``: the episode and G - 1 branches).
 3. **Rewards.** :func:`acmrl.rewards.trajectory_reward`: success minus the weighted Compaction
    Cost (summariser and querier tokens included, in units of the budget), malformed-call and
    compress-loop penalties. Every term is logged.
@@ -258,6 +259,7 @@ class GRPOTrainer:
         # branches' ids and the figures logged
         self.credit: dict[str, tuple[int, int | None]] = {}
         self.branch_ids: set[str] = set()
+        self.scouts: set[str] = set()  # sources that found a group's state, not trained
         self.live_from: dict[str, int] = {}  # a branch's decision turn: where its calls are live
         self.decision_metrics: dict[str, float] = {}
         self.dropped_calls: list[Any] = []  # a step's diverged branches' live model calls
@@ -363,7 +365,7 @@ class GRPOTrainer:
         }
         episodes = step_episodes(cfg, self.env, tasks, step, self.tok, sources)
         self.credit, self.branch_ids, self.live_from, self.decision_metrics = {}, set(), {}, {}
-        self.dropped_calls = []
+        self.dropped_calls, self.scouts = [], set()
         self.model.eval()
         t0 = time.perf_counter()
         before = getattr(self.engine, "prefilled_tokens", None)
@@ -388,7 +390,7 @@ class GRPOTrainer:
         b = branch_phase(sources, self.cfg, self.env, self.tok, self.engine)
         self.credit.update(b.credit)
         self.branch_ids, self.live_from, self.decision_metrics = b.ids, b.live_from, b.metrics
-        self.dropped_calls = b.dropped_calls
+        self.dropped_calls, self.scouts = b.dropped_calls, b.scouts
         return b.episodes
 
     def advantages(
@@ -405,8 +407,11 @@ class GRPOTrainer:
             )
             rewards.append(r)
             terms.append(t)
-        keys = {k: i for i, k in enumerate(dict.fromkeys(group_key(e.id) for e in episodes))}
-        groups = torch.tensor([keys[group_key(e.id)] for e in episodes])
+        # a scout is a group of its own (advantage 0, and left out of the samples): it found
+        # its group's state, and its reward, drawn with that state, is no fair sample of it
+        names = [e.id if e.id in self.scouts else group_key(e.id) for e in episodes]
+        keys = {k: i for i, k in enumerate(dict.fromkeys(names))}
+        groups = torch.tensor([keys[k] for k in names])
         adv = group_advantages(
             torch.tensor(rewards, dtype=torch.float64), groups, self.cfg.scale_advantages
         )
@@ -427,6 +432,8 @@ class GRPOTrainer:
         cfg = self.cfg
         samples, sample_adv, coefs, flat = [], [], [], 0
         for ep, a in zip(episodes, adv, strict=True):
+            if ep.id in self.scouts:  # it found a decision group's state: not trained
+                continue
             if a == 0.0 and cfg.skip_flat_groups and cfg.kl_coef == 0:
                 flat += ep.id not in self.branch_ids  # whole episodes, as rollout/episodes
                 continue
@@ -646,6 +653,7 @@ class GRPOTrainer:
         out = dict(mine)
         out["decision/members"] = float(len(members))
         out["decision/nonflat_members"] = float(sum(a != 0.0 for a in members))
+        out["decision/scouts"] = float(len(self.scouts))
         # counts are summed over the processes; shares and per-group figures are this process's
         for key in (
             "decision/groups",
@@ -653,6 +661,7 @@ class GRPOTrainer:
             "decision/diverged",
             "decision/members",
             "decision/nonflat_members",
+            "decision/scouts",
         ):
             out[key] = self._sum(out.get(key, 0.0))
         return out
