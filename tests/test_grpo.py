@@ -544,7 +544,7 @@ def test_groups_without_a_success_are_dropped_not_ranked_by_cost():
     won = [episode("t2", i, 1.0, c) for i, c in enumerate([600, 600, 1200, 1200])]
     for skip in (False, True):
         cfg = GRPOConfig(scale_advantages=True, skip_failed_groups=skip)
-        fake = SimpleNamespace(cfg=cfg, weights=reward_weights(cfg))
+        fake = SimpleNamespace(cfg=cfg, weights=reward_weights(cfg), scouts=set())
         _, adv, _ = GRPOTrainer.advantages(fake, failed + won)
         if skip:
             assert adv[:4] == [0.0] * 4
