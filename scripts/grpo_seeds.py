@@ -307,10 +307,13 @@ def main() -> None:
         "max_new_tokens": args.max_new_tokens,
     }
     stages = configs(args.out, **settings)  # type: ignore[arg-type]
+    with tempfile.TemporaryDirectory() as tmp:  # a bad --set is refused before anything
+        write_stages(stages, Path(tmp))
+    # a rerun under other settings is refused before it rewrites the run's configs
+    check_settings(args.out, settings, write=not args.dry_run)
     cfg_dir = args.out / "configs"
     cfg_dir.mkdir(parents=True, exist_ok=True)
     write_stages(stages, cfg_dir)
-    check_settings(args.out, settings, write=not args.dry_run)
     if args.dry_run:
         print(f"configs: {cfg_dir}")
         return

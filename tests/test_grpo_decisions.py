@@ -439,17 +439,30 @@ def test_a_scout_is_neither_trained_nor_in_its_groups_mean(source):
 
 
 def test_an_episode_marked_by_a_tool_server_incident_is_left_out_of_the_update(source):
-    """An episode whose tool server was restarted during it (``env_incidents``) trains nothing:
-    its reward says nothing of the policy."""
+    """An episode whose tool server was restarted during it (``env_incidents``) trains nothing
+    and does not move its group's mean: its reward says nothing of the policy."""
     import copy
     from types import SimpleNamespace
 
     from acmrl.train.grpo import GRPOTrainer
+    from acmrl.train.grpo_steps import reward_weights
 
     ep, _ = source
     marked = copy.deepcopy(ep)
     marked.traj.metrics["env_incidents"] = 1
-    fake = SimpleNamespace(cfg=GRPOConfig(), credit={}, branch_ids=set(), scouts=set())
+    cfg = GRPOConfig()
+    fake = SimpleNamespace(
+        cfg=cfg, weights=reward_weights(cfg), credit={}, branch_ids=set(), scouts=set()
+    )
     kept, adv, _, _ = GRPOTrainer.samples(fake, [ep, marked], [0.25, -0.25])
     alone, _, _, _ = GRPOTrainer.samples(fake, [ep], [0.25])
     assert kept and len(kept) == len(alone) and adv == [0.25] * len(kept)
+    # in a group of three, the failed one (ids ...#0-#2 of one task) is out of the mean
+    group = []
+    for i, score in enumerate((1.0, 0.0, 1.0)):
+        e = copy.deepcopy(marked if i == 2 else ep)
+        e.id, e.traj.score = f"s0/0/t#acm#{i}", score
+        group.append(e)
+    rewards, adv, _ = GRPOTrainer.advantages(fake, group)
+    assert adv[2] == 0.0
+    assert adv[0] == pytest.approx(rewards[0] - (rewards[0] + rewards[1]) / 2) and adv[0] > 0

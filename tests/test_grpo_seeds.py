@@ -117,6 +117,9 @@ def test_every_seed_is_trained_chosen_on_dev_and_listed(tmp_path, tiny_model_dir
     for other in (["--seeds", "1"], ["--steps", "2"]):
         again = _run(tmp_path, *args, *other)
         assert again.returncode != 0 and "started with other settings" in again.stderr, other
+    # and leaves the run's configs as they were
+    grpo = load_config(GRPOConfig, tmp_path / "configs" / "grpo-s0.yaml", [])
+    assert grpo.optim.max_steps == 1
 
 
 def _curves_run(folder: Path, test: dict[str, dict[str, list]], sets: list[str]) -> Path:

@@ -28,7 +28,9 @@ The algorithm, per step ``s`` (one optimiser step per ``updates_per_step``):
 4. **Advantages.** Group-relative: each rollout's reward minus the mean of its group (task x
    arm); divided by the group's std when ``scale_advantages``. An advantage belongs to an
    episode, computed before the episode is split into segments: an episode counts once in its
-   group however many segments its compactions cut it into.
+   group however many segments its compactions cut it into. An episode that a tool-server
+   incident marked (``env_incidents``) and a decision group's scout are left out of their
+   group's mean and trained on nothing.
 5. **Samples.** :func:`acmrl.train.samples.trajectory_samples`: per-turn samples (segments),
    consecutive calls packed while the prompt extends the previous sequence, a new sample at
    every prefix break (compaction); the loss mask covers the policy's own tokens. Every target
@@ -407,9 +409,14 @@ class GRPOTrainer:
             )
             rewards.append(r)
             terms.append(t)
-        # a scout is a group of its own (advantage 0, and left out of the samples): it found
-        # its group's state, and its reward, drawn with that state, is no fair sample of it
-        names = [e.id if e.id in self.scouts else group_key(e.id) for e in episodes]
+        # a group of its own (advantage 0, and left out of the samples): a scout, which found
+        # its group's state and whose reward, drawn with that state, is no fair sample of it;
+        # and an episode its tools failed (a server restart), whose reward says nothing of the
+        # policy, so it must not move its group's mean either
+        names = [
+            e.id if e.id in self.scouts or e.traj.metrics.get("env_incidents") else group_key(e.id)
+            for e in episodes
+        ]
         keys = {k: i for i, k in enumerate(dict.fromkeys(names))}
         groups = torch.tensor([keys[k] for k in names])
         adv = group_advantages(
