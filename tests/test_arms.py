@@ -109,3 +109,41 @@ def test_the_evolve_prompt_comes_in_three_sizes(env, tokenizer):
         assert schema["function"]["parameters"]["required"] == ["code"]
     # other arms ignore the setting
     assert fixed("acm", evolve_prompt="none") == fixed("acm")
+
+
+def test_an_evolve_teacher_leaves_room_only_for_what_its_program_leaves_in_the_input(tokenizer):
+    """The budget bounds inputs. With agent.evolve_keep_code the next program stays in the
+    input, so the teacher reading on leaves room for all of it. Without it only its
+    rationale, stub call and receipt stay, and that is the reserve: on kb_search chain the
+    teacher then skips the cut before the second document that only made that room. It makes
+    fewer programs and succeeds as often."""
+    from acmrl.teacher.demonstrate import Demonstrator, demonstrate
+
+    env = load("kb_search", preset="chain", seed=1)
+    tasks = env.tasks("train")[:6]
+    arm = get_arm("evolve")
+    prompt = tasks[0].prompt
+    reserve = {
+        keep: arm.compaction_reserve(
+            Demonstrator(env, tasks[0], "evolve", 2048, tokenizer, 0.05, keep_code=keep), prompt
+        )
+        for keep in (True, False)
+    }
+    assert 40 < reserve[False] < 150 < 300 < reserve[True]
+    programs, wins = {}, {}
+    for keep in (True, False):
+        agent = AgentConfig(max_context_tokens=2048, evolve_prompt="none", evolve_keep_code=keep)
+        trajs = demonstrate(
+            env,
+            tasks,
+            ["evolve"],
+            tokenizer,
+            agent=agent,
+            sampling=SamplingConfig(max_new_tokens=512),
+            pressure=0.05,
+            policy="best",
+        )
+        steps = [s for t in trajs for s in t.steps]
+        programs[keep] = sum(a["name"] == "evolve" for s in steps for a in s.actions)
+        wins[keep] = sum(t.score >= 1.0 for t in trajs)
+    assert programs[False] < programs[True] and wins[False] >= wins[True] > 0

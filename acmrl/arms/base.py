@@ -101,7 +101,8 @@ class Arm:
     def compaction_reserve(self, policy: Any, prompt: str) -> int:
         """Tokens a teacher that reads on must leave free for this arm's next compaction turn,
         given the input ``prompt`` it has now: 0 when the turn is short (``manage_context()``),
-        the turn itself when it is long (an ``evolve`` program is generated into the input)."""
+        what the turn leaves in the input when it is long (an ``evolve`` program, or only its
+        stub and receipt once its text leaves the context)."""
         return 0
 
     def demo_detour(self, policy: Any, prompt: str, name: str, args: dict[str, Any]) -> Turn | None:

@@ -9,12 +9,14 @@ demonstrations and injected edits alike.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from acmrl.arms.base import Arm
 from acmrl.arms.evolve_edits import TOOL_RESPONSE, keep_facts_code, kept_lines
 from acmrl.context.evolve import (
+    APPLIED_CODE,
     EVOLVE_TOOL_SCHEMA,
     STATE_PROMPTS,
     EvolveLimits,
@@ -98,6 +100,18 @@ class Evolve(Arm):
         return None
 
     def compaction_reserve(self, policy: Any, prompt: str) -> int:
+        """The tokens the next program adds to the input: with ``agent.evolve_keep_code`` the
+        whole turn; without it what stays once the program has run (its rationale, the stub
+        call and the receipt). The budget bounds inputs, so such a program is generated past it,
+        as acm's summary is by the summariser."""
+        if not getattr(policy, "keep_code", True):
+            b = policy.budget
+            receipt = {"applied": True, "tokens_before": b, "tokens_after": b}
+            receipt |= {"reusable_prefix": b, "cache_cost": b, "call_tokens": b}
+            receipt |= {"compaction_cost": float(b)}
+            stub = format_tool_call(EVOLVE_TOOL, json.loads(APPLIED_CODE))
+            turn = f"{self.demo_compaction_says}\n{stub}\n{json.dumps(receipt)}"
+            return len(policy.tok.encode(turn, add_special_tokens=False))
         task = policy.task
         _, args = self.compaction(
             task,

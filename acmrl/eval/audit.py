@@ -145,7 +145,8 @@ def run_audit(cfg: AuditConfig) -> dict[str, Any]:
             if (name == "model") == ("model" in which) and f"{t.id}#{arm}#{name}" not in writer.done
         ]
 
-    engine = ScriptedEngine(tokenizer, audit_reply(env, tokenizer, budget, answers), truncate=False)
+    reply = audit_reply(env, tokenizer, budget, answers, keep_code=cfg.agent.evolve_keep_code)
+    engine = ScriptedEngine(tokenizer, reply, truncate=False)
     try:
         run_episodes(
             episodes({"scripts"}),

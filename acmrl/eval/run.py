@@ -100,7 +100,8 @@ def _oracle(cfg: EvalConfig) -> Engine:
 
     env = build_environment(cfg.env)
     budget = context_budget(cfg.agent, env)
-    return oracle_engine(env, load_tokenizer(cfg.model.name), budget)
+    tok = load_tokenizer(cfg.model.name)
+    return oracle_engine(env, tok, budget, keep_code=cfg.agent.evolve_keep_code)
 
 
 def in_plan(cfg: EvalConfig, trajs: list[Any], env: Any = None) -> tuple[list[Any], int]:

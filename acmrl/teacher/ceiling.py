@@ -87,6 +87,7 @@ class CeilingPolicy(Demonstrator):
         pressure: float = 1.0,
         late: bool = True,
         noted: bool = False,
+        keep_code: bool = True,
     ) -> None:
         """``pressure`` and ``late`` as the expert's; the defaults (compact only when the next
         result would not fit) are the cheapest timing, the audit's; demonstrations may draw
@@ -94,7 +95,9 @@ class CeilingPolicy(Demonstrator):
         thought first repeats every evidence line its context has shown so far (react's only
         way to keep a fact past the overflow rule's dropping of its oldest steps: the latest
         thought holds them all; the audit's ``noted`` strategy)."""
-        super().__init__(env, task, arm, budget, tokenizer, pressure=pressure, late=late)
+        super().__init__(
+            env, task, arm, budget, tokenizer, pressure=pressure, late=late, keep_code=keep_code
+        )
         self.evidence = env.answer_evidence(task)
         self.queried: set[str] = set()
         self.reread = 0  # plan steps read again for evidence without a document
@@ -320,7 +323,11 @@ class Trivial:
 
 
 def audit_reply(
-    env: Environment, tokenizer: Any, budget: int, answers: list[tuple[str, str]]
+    env: Environment,
+    tokenizer: Any,
+    budget: int,
+    answers: list[tuple[str, str]],
+    keep_code: bool = True,
 ) -> Callable[[str, str], str]:
     """The reply function of a :class:`~acmrl.engines.scripted.ScriptedEngine` that plays every
     audit episode: an episode id ``<task>#<arm>#ceiling`` is the arm's :class:`CeilingPolicy`,
@@ -335,7 +342,15 @@ def audit_reply(
             task_id, arm, strategy = eid.rsplit("#", 2)
             task = tasks[task_id]
             players[eid] = (
-                CeilingPolicy(env, task, arm, budget, tokenizer, noted=strategy == "noted")
+                CeilingPolicy(
+                    env,
+                    task,
+                    arm,
+                    budget,
+                    tokenizer,
+                    noted=strategy == "noted",
+                    keep_code=keep_code,
+                )
                 if strategy in ("ceiling", "noted")
                 else Trivial(strategy, env, task, answers)
             )

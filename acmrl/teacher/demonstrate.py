@@ -109,8 +109,11 @@ class Demonstrator:
         pressure: float,
         answers: str = "plain",
         late: bool = False,
+        keep_code: bool = True,
     ) -> None:
         self.env, self.task, self.arm, self.budget = env, task, arm, budget
+        # agent.evolve_keep_code: whether an evolve program's text stays in later inputs
+        self.keep_code = keep_code
         self.arm_def = get_arm(arm)  # what the arm's teacher does (acmrl.arms)
         self.answers = answers  # teacher.answers
         self.tok, self.pressure = tokenizer, pressure
@@ -350,7 +353,15 @@ def demonstrate(
     if not episodes:
         return []
     engine = oracle_engine(
-        env, tokenizer, episodes[0].budget, pressure, pressure_spread, answers, late_share, policy
+        env,
+        tokenizer,
+        episodes[0].budget,
+        pressure,
+        pressure_spread,
+        answers,
+        late_share,
+        policy,
+        keep_code=agent.evolve_keep_code,
     )
     run_episodes(episodes, engine, concurrency=concurrency)
     out = []
@@ -380,6 +391,7 @@ def oracle_engine(
     answers: str = "plain",
     late_share: float = 0.0,
     policy: str = "expert",
+    keep_code: bool = True,
 ) -> Any:
     """The oracle's expert plan as an engine: any episode whose id is ``<task>#<arm>#<n>`` is
     played by a :class:`Demonstrator` of that task and arm (policy, summariser and querier
@@ -401,11 +413,18 @@ def oracle_engine(
                 from acmrl.teacher.ceiling import CeilingPolicy  # it builds on Demonstrator
 
                 demos[eid] = CeilingPolicy(
-                    env, tasks[task_id], arm, budget, tokenizer, pressure=at, late=late
+                    env,
+                    tasks[task_id],
+                    arm,
+                    budget,
+                    tokenizer,
+                    pressure=at,
+                    late=late,
+                    keep_code=keep_code,
                 )
             else:
                 demos[eid] = Demonstrator(
-                    env, tasks[task_id], arm, budget, tokenizer, at, answers, late
+                    env, tasks[task_id], arm, budget, tokenizer, at, answers, late, keep_code
                 )
         return demos[eid](session_id, prompt)
 

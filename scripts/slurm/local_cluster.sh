@@ -40,7 +40,7 @@ start)
     done
     [ "$(id -u)" = 0 ] || { echo "local_cluster.sh: the daemons need root" >&2; exit 2; }
     mkdir -p "$dir/state" "$dir/spool" "$dir/log"
-    cpus=$(nproc)
+    cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc obeys OMP_NUM_THREADS
     # what slurmd measures; declaring more memory than that drains the node
     mem=$(slurmd -C 2>/dev/null | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
     cat >"$dir/slurm.conf" <<CONF
