@@ -256,6 +256,8 @@ def test_evolve_injection_keeps_the_facts(env, tiny):
     ep = run(env, task, "evolve", calls(plan), tiny, max_context_tokens=2300)
     a = OracleTeacher(env, pressure=0.6).assess(task, ep.traj, 2300)
     assert a.kind == "injection" and a.action["name"] == "evolve" and check(env, ep, a) == []
+    # the program names what it keeps; the rationale does not list it again
+    assert a.rationale.startswith("My context is at") and "I must keep" not in a.rationale
     follow = calls(plan[a.step :])
     script = ScriptedEngine(tiny.tokenizer, replay({f"{ep.traj.episode_id}#edit0": follow}))
     (traj,) = resume(

@@ -280,6 +280,12 @@ class OracleTeacher:
         return a
 
     def _keep(self, task: Task, traj: Trajectory, i: int) -> str:
+        """The rationale's list of what the compaction must keep; none before an evolve
+        program, whose code names what it keeps: listing it again would lengthen a turn that
+        the student must be able to write within its token limit (the programs are about 400
+        to 540 tokens already)."""
+        if traj.arm == "evolve":
+            return "."
         facts = _facts_seen(task, seen_text(traj, i))
         said = " ".join(f.rstrip(".") + "." for f in facts)
         return f", and I must keep what I still need: {said}" if facts else "."
