@@ -262,6 +262,7 @@ def test_every_arm_on_kb_search_tiny_driven_by_the_oracle(tmp_path, tokenizer):
     acm, evolve = edits["acm"]["manage_context"], edits["evolve"]["evolve"]
     assert acm["valid_rate"] == 1.0 and acm["generated_median"] > 10
     assert evolve["applied"] == evolve["edits"] > 0 and evolve["valid_rate"] == 1.0
+    assert 0 < evolve["effective_rate"] <= evolve["valid_rate"]
     assert evolve["generated_median"] > acm["generated_median"]  # a program, not a call
     assert 0 < evolve["facts_kept"] <= evolve["facts_in"]
     for f in (acm, evolve):

@@ -419,6 +419,7 @@ def test_rollout_metrics_follow_the_evolve_programs():
     refused = ContextEvent("evolve", 500, 560, 500, 60, 100, 0, 160.0, applied=False, detail="x")
     m = rollout_metrics([episode(good, refused), episode(malformed=1), episode()])
     assert m["rollout/evolve/valid_rate"] == pytest.approx(1 / 3)
+    assert m["rollout/evolve/effective_rate"] == pytest.approx(1 / 3)  # it cut 1,000 to 500
     assert m["rollout/evolve/generated"] == 200 and m["rollout/evolve/cache_cost"] == 80
     assert m["rollout/evolve/kept_prefix"] == pytest.approx((0.8 + 1.0) / 2)
     assert not any(k.startswith("rollout/manage_context") for k in m)

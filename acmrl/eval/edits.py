@@ -20,7 +20,9 @@ to the context and is not an edit. Per edit (a line of ``edits.csv``):
 
 Per arm and kind (:func:`edit_figures`): the counts, the **valid rate** (the policy's edits
 applied over its calls of the tool, malformed calls that named it included: for ``evolve``, the
-valid-program rate; none for the harness's edits), medians and means of the above.
+valid-program rate; none for the harness's edits), the **effective rate** (of those calls, the
+applied edits that made the input smaller and kept every key term they had to keep: a program
+that returns the State unchanged is valid, not effective), medians and means of the above.
 """
 
 from __future__ import annotations
@@ -172,6 +174,12 @@ def edit_figures(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     >>> f = edit_figures(rows)["evolve"]
     >>> f["edits"], f["valid_rate"], f["refusals"], f["generated_median"]
     (2, 0.25, {'syntax': 1}, 290.0)
+    >>> rows[0]["edits"][0] |= {"tokens_before": 1900, "tokens_after": 900}
+    >>> edit_figures(rows)["evolve"]["effective_rate"]  # the applied one cut and kept all 4
+    0.25
+    >>> rows[0]["edits"][0]["facts_kept"] = 3
+    >>> edit_figures(rows)["evolve"]["effective_rate"]  # it dropped a needed term
+    0.0
     """
     episodes = len(rows)
     by_kind: dict[str, list[dict[str, Any]]] = {}
@@ -190,6 +198,12 @@ def edit_figures(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         made = calls.get(kind, Counter())
         attempted = made["ran"] + made["malformed"]
         by_policy = sum(e.get("origin", "policy") == "policy" for e in applied)
+        effective = sum(
+            e.get("origin", "policy") == "policy"
+            and (e.get("tokens_after") or 0) < (e.get("tokens_before") or 0)
+            and e["facts_kept"] >= e["facts_in"]
+            for e in applied
+        )
         prefix = [e["kept_prefix"] for e in es if e["kept_prefix"] is not None]
         out[kind] = {
             "edits": len(es),
@@ -198,6 +212,7 @@ def edit_figures(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "calls": attempted,
             "malformed": made["malformed"],
             "valid_rate": by_policy / attempted if EDIT_KINDS[kind] and attempted else None,
+            "effective_rate": effective / attempted if EDIT_KINDS[kind] and attempted else None,
             "refusals": dict(Counter(e["refusal"] for e in es if not e["applied"])),
             "generated_median": _median([e["generated"] for e in es]),
             "generated_mean": _mean([e["generated"] for e in es]),

@@ -461,12 +461,13 @@ def edit_lines(report: dict[str, Any]) -> list[str]:
         "Cache Cost of the next input, and the share of the input before it that the next input "
         "still shares as its prefix (kept prefix: 1.0 when the edit only appends). Valid: the "
         "policy's applied edits over its calls of the tool, malformed ones included (none for the "
-        "harness's edits). Facts: the task's key terms an applied edit had to keep, and kept "
-        "(`edits.csv` has every edit).",
+        "harness's edits); effective: of those calls, the applied edits that made the input "
+        "smaller and kept every key term they had to keep. Facts: the task's key terms an "
+        "applied edit had to keep, and kept (`edits.csv` has every edit).",
         "",
-        "| arm | edit | per episode | valid | refused (why) | generated, median | "
+        "| arm | edit | per episode | valid | effective | refused (why) | generated, median | "
         "Cache Cost, median | kept prefix, mean | facts kept |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for a, kinds in arms.items():
         for kind, f in kinds.items():
@@ -477,7 +478,7 @@ def edit_lines(report: dict[str, Any]) -> list[str]:
             facts = f"{f['facts_kept']}/{f['facts_in']}" if f["facts_in"] else "-"
             lines.append(
                 f"| {a} | {kind} | {f['per_episode']:.2f} | {num(f['valid_rate'], '.2f')} | "
-                f"{refused} | "
+                f"{num(f.get('effective_rate'), '.2f')} | {refused} | "
                 f"{num(f['generated_median'], '.0f')} | {num(f['cache_cost_median'], '.0f')} | "
                 f"{num(f['kept_prefix_mean'], '.2f')} | {facts} |"
             )
@@ -603,6 +604,7 @@ def _load(folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 EDIT_COMPARED = [
     ("per_episode", "edits/ep", ".2f"),
     ("valid_rate", "valid rate", ".2f"),
+    ("effective_rate", "effective rate", ".2f"),
     ("generated_median", "generated/edit, median", ".0f"),
     ("cache_cost_median", "Cache Cost/edit, median", ".0f"),
     ("kept_prefix_mean", "kept prefix, mean", ".2f"),
@@ -643,7 +645,7 @@ def compare(a: str | Path, b: str | Path, output: str | Path | None = None) -> s
         ea, eb = sa.get("edits") or {}, sb.get("edits") or {}
         for kind in [k for k in ea if k in eb]:
             for key, label, fmt in EDIT_COMPARED:
-                va, vb = ea[kind][key], eb[kind][key]
+                va, vb = ea[kind].get(key), eb[kind].get(key)
                 if va is None or vb is None:
                     continue
                 rel = "n/a" if abs(va) < 1e-12 else f"{(vb - va) / va:+.0%}"

@@ -131,6 +131,8 @@ _EDIT_KEYS = (
     "generated",
     "cache_cost",
     "kept_prefix",
+    "tokens_before",
+    "tokens_after",
     "facts_in",
     "facts_kept",
 )
@@ -181,6 +183,7 @@ def rollout_metrics(facts: list[dict[str, Any]]) -> dict[str, float]:
     for kind, f in edit_figures(facts).items():
         for key, value in (
             ("valid_rate", f["valid_rate"]),
+            ("effective_rate", f["effective_rate"]),
             ("generated", f["generated_mean"]),
             ("cache_cost", f["cache_cost_mean"]),
             ("kept_prefix", f["kept_prefix_mean"]),
