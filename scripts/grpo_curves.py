@@ -49,12 +49,17 @@ def check_comparable(runs: list[Path]) -> None:
         if not path.exists():
             raise SystemExit(f"{path} does not exist: is {run} a grpo_seeds.py run?")
         protocols.append(json.loads(path.read_text()))
+    from chain_table2 import FORMER_DEFAULTS  # what a protocol written before a key had
+
+    def get(p: dict, k: str) -> object:
+        return p.get(k, FORMER_DEFAULTS.get(k))
+
     first = protocols[0]
     for run, p in zip(runs[1:], protocols[1:], strict=True):
         keys = (set(first) | set(p)) - {"sets"}
-        changed = sorted(k for k in keys if first.get(k) != p.get(k))
+        changed = sorted(k for k in keys if get(first, k) != get(p, k))
         if changed:
-            diff = "; ".join(f"{k}: {first.get(k)} / {p.get(k)}" for k in changed)
+            diff = "; ".join(f"{k}: {get(first, k)} / {get(p, k)}" for k in changed)
             raise SystemExit(
                 f"{runs[0]} and {run} differ in more than their GRPO options ({diff}): their "
                 "curves are not comparable"

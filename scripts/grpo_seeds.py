@@ -334,6 +334,13 @@ def main() -> None:
             acmrl("eval", "--config", str(cfg_dir / f"eval-dev-s{seed}-step{step}.yaml"))
             scores[step] = dev_score(args.out / f"eval-dev-s{seed}-step{step}", args.arm)
         spend = rollout_tokens(args.out / f"grpo-s{seed}", scores)
+        unknown = [s for s, n in spend.items() if s and n is None]
+        if args.token_budget is not None and unknown:
+            print(
+                f"seed {seed}: the rollout tokens of steps {unknown} are unknown (a metrics.jsonl "
+                "without rollout/gen_tokens_total): they cannot be chosen under --token-budget",
+                file=sys.stderr,
+            )
         eligible = scores if args.token_budget is None else within(scores, spend, args.token_budget)
         step = choose(eligible)
         choice = {"step": step, "dev": scores, "token_budget": args.token_budget}

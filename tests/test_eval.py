@@ -180,6 +180,8 @@ def test_eval_writes_a_full_report_and_compare_reads_two(tmp_path, tokenizer):
     one.env, one.agent = cfg.env, cfg.agent
     report = run_eval(one)
     assert list(report["arms"]) == ["acm"] and report["meta"]["episodes_left_out"] == 4
+    # a rebuild leaves the record of what ran as it was
+    assert load_config(EvalConfig, out / "config.yaml", []).arms == cfg.arms
     assert (
         "4 episode(s) in `episodes.jsonl` of arms, samples or tasks"
         in (out / "report.md").read_text()
@@ -458,10 +460,14 @@ def test_seeds_table_lists_every_run_and_pairs_the_arms(tmp_path, tokenizer):
     total = (sum(b for b, _ in alone), sum(a for _, a in alone))
     assert pooled[0].split(" | ")[5] == f"{total[0]} / {total[1]}"
     # the sign-flip test: in one run (one sample per task) it is the McNemar test
-    for line in text.splitlines():
-        if line.startswith("| react | acm | ") and "all 2 runs" not in line:
-            cells = line.split(" | ")
-            assert cells[6] == cells[7].removesuffix(" |")
+    per_run_rows = [
+        line.split(" | ")
+        for line in text.splitlines()
+        if line.startswith("| react | acm | ") and "all 2 runs" not in line
+    ]
+    assert len(per_run_rows) == 2
+    for cells in per_run_rows:
+        assert cells[6] == cells[7].removesuffix(" |")
     # a run folder with "=" in its path is a folder, not a column
     (tmp_path / "seed=0").symlink_to(runs[0])
     assert f"| {tmp_path / 'seed=0'} | acm |" in seeds_table([tmp_path / "seed=0"])

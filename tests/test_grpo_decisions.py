@@ -374,6 +374,7 @@ def test_diverged_branches_count_in_the_rollout_tokens(tmp_path, tiny_model_dir,
     dropped = sum(len(c.completion_ids) for c in trainer.dropped_calls)
     sources = [json.loads(x) for x in (tmp_path / "grpo" / "rollouts-rank0.jsonl").open()]
     assert len(sources) == 2  # the dropped branches are not written as episodes
+    assert all(t["edit"]["kind"] == "scout" for t in sources)  # marked, as branches are
     calls = [
         c for t in sources for st in t["steps"] for c in [st["call"], *st["helper_calls"]] if c
     ]
@@ -466,3 +467,19 @@ def test_an_episode_marked_by_a_tool_server_incident_is_left_out_of_the_update(s
     rewards, adv, _ = GRPOTrainer.advantages(fake, group)
     assert adv[2] == 0.0
     assert adv[0] == pytest.approx(rewards[0] - (rewards[0] + rewards[1]) / 2) and adv[0] > 0
+
+
+def test_a_decision_run_saved_before_the_source_option_does_not_resume_as_scouts():
+    """A run saved before decisions.source existed kept its source as a member: resuming it
+    under the new default (scout) would change its groups mid-run, so it is refused; a run
+    without decision groups resumes as before."""
+    from acmrl.train.runs import config_changes
+
+    new = {"decisions": {"share": 0.5, "source": "scout"}}
+    defaults = {"decisions": {"share": 0.0, "source": "scout"}}
+    changed = config_changes({"decisions": {"share": 0.5}}, new, defaults)
+    assert changed == ["decisions.source: 'member' (before the option existed) -> 'scout'"]
+    member = {"decisions": {"share": 0.5, "source": "member"}}
+    assert config_changes({"decisions": {"share": 0.5}}, member, defaults) == []
+    plain = {"decisions": {"share": 0.0, "source": "scout"}}
+    assert config_changes({"decisions": {"share": 0.0}}, plain, defaults) == []

@@ -110,7 +110,9 @@ class Evolve(Arm):
             receipt |= {"reusable_prefix": b, "cache_cost": b, "call_tokens": b}
             receipt |= {"compaction_cost": float(b)}
             stub = format_tool_call(EVOLVE_TOOL, json.loads(APPLIED_CODE))
-            turn = f"{self.demo_compaction_says}\n{stub}\n{json.dumps(receipt)}"
+            # the teacher's compaction turn as it is written (acmrl.teacher.demonstrate)
+            why = f"My context is at {b} of {b} tokens, {self.demo_compaction_says}"
+            turn = f"{why}\n{stub}\n{json.dumps(receipt)}"
             return len(policy.tok.encode(turn, add_special_tokens=False))
         task = policy.task
         _, args = self.compaction(

@@ -139,10 +139,11 @@ def run_eval(cfg: EvalConfig, engine: Engine | None = None) -> dict[str, Any]:
         if engine is None and cfg.engine.kind == "oracle":
             engine = _oracle(cfg)
         run_rollout(rollout_config(cfg), engine=engine)
-    # the eval's own config, in place of the rollout's: `acmrl eval -c OUT/config.yaml` reruns
-    # it (its finished episodes kept) and `report_only=true` rebuilds its report
-    saved = to_dict(dataclasses.replace(cfg, report_only=False))
-    _atomic_write(out / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
+        # the eval's own config, in place of the rollout's: `acmrl eval -c OUT/config.yaml`
+        # reruns it (its finished episodes kept) and `report_only=true` rebuilds its report; a
+        # rebuild (perhaps of a narrower plan) leaves the record of what ran as it is
+        saved = to_dict(dataclasses.replace(cfg, report_only=False))
+        _atomic_write(out / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
     path = out / EPISODES
     if not path.exists():
         raise ValueError(f"{path} does not exist: run the eval first (report_only=false)")

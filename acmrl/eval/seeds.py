@@ -270,8 +270,8 @@ def _table(columns: list[Column], output: str | Path | None) -> str:
             "sampling, not seed to seed variation: read that in the per-run rows; the pooled "
             "McNemar pairs each run's episodes with the same seed's and counts them as "
             "independent pairs, so a task counts once per run; the sign-flip test counts each "
-            "task once, its successes summed over the runs: in one run it is the McNemar "
-            "test):",
+            "task once, its successes summed over the runs: in one run of one sample per task "
+            "it is the McNemar test):",
             "",
             "| a | b | run | Pass@1 b - a | paired 95% CI | b alone / a alone | exact McNemar p "
             "| exact sign-flip p, tasks |",

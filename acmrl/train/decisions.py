@@ -211,8 +211,9 @@ def branch_phase(sources: list[Episode], cfg: Any, env: Any, tok: Any, engine: E
     jobs, scripts, whole, picked = {}, {}, [], []
     for src in sources:
         d = pick_decision(decision_states(src.traj, src.budget, dc.context_share), cfg.seed, src.id)
-        if scout:
+        if scout:  # marked in the rollouts log, as branches are, so analyses can leave it out
             out.scouts.add(src.id)
+            src.traj.edit = {"kind": "scout", "step": d.turn if d else None}
         for r in range(1, cfg.group_size + scout):
             # without a decision state the group is a whole-episode one
             eid = branch_id(src.id, r) if d else src.id.rsplit("#", 1)[0] + f"#{r}"

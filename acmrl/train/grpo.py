@@ -441,11 +441,11 @@ class GRPOTrainer:
         for ep, a in zip(episodes, adv, strict=True):
             if ep.id in self.scouts:  # it found a decision group's state: not trained
                 continue
+            if ep.traj.metrics.get("env_incidents"):  # its tools failed it (a server restart):
+                continue  # its reward says nothing of the policy
             if a == 0.0 and cfg.skip_flat_groups and cfg.kl_coef == 0:
                 flat += ep.id not in self.branch_ids  # whole episodes, as rollout/episodes
                 continue
-            if ep.traj.metrics.get("env_incidents"):  # its tools failed it (a server restart):
-                continue  # its reward says nothing of the policy
             made = trajectory_samples(
                 ep.traj, helpers=cfg.train_helpers, turns=self.credit.get(ep.id)
             )

@@ -38,6 +38,14 @@ RESUMABLE = (
 )
 
 
+# options whose absence from a saved run means another value than their default now (the run
+# predates them and behaved that way), and whether it matters in that run (its flat config)
+FORMER: dict[str, tuple[Any, Any]] = {
+    # decision groups kept their source as a member until decisions.source existed
+    "decisions.source": ("member", lambda run: (run.get("decisions.share") or 0) > 0),
+}
+
+
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in d.items():
@@ -54,7 +62,8 @@ def config_changes(
     """``key: old -> new`` for every key that differs and may not change on a resume.
 
     An option the old config lacks (a run saved before the option existed) is no change while
-    the new config keeps its value in ``defaults``: a new option defaults to the old behaviour.
+    the new config keeps its value in ``defaults``: a new option defaults to the old behaviour,
+    except the options of :data:`FORMER`, whose absence means their former value.
 
     >>> config_changes({"agent": {"a": 1}}, {"agent": {"a": 1, "b": False}}, {"agent": {"b": False}})
     []
@@ -65,6 +74,11 @@ def config_changes(
     changed = []
     for key in sorted(set(a) | set(b)):
         if key in RESUMABLE or key.split(".")[0] in RESUMABLE:
+            continue
+        if key not in a and key in FORMER:
+            former, matters = FORMER[key]
+            if matters(a) and b.get(key) != former:
+                changed.append(f"{key}: {former!r} (before the option existed) -> {b.get(key)!r}")
             continue
         if key not in a and key in d and b.get(key) == d[key]:
             continue
