@@ -538,7 +538,7 @@ def test_groups_without_a_success_are_dropped_not_ranked_by_cost():
             if cost
             else [],
         }
-        traj = SimpleNamespace(to_dict=lambda t=traj: t)
+        traj = SimpleNamespace(to_dict=lambda t=traj: t, metrics={})
         return SimpleNamespace(id=f"s0/0/{group}#acm#{i}", traj=traj, budget=1000)
 
     failed = [episode("t1", i, 0.0, c) for i, c in enumerate([0, 800, 900, 1200])]
