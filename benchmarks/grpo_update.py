@@ -41,7 +41,8 @@ def step_episodes(path: str, step: int) -> list[SimpleNamespace]:
     with open(path) as f:
         for line in f:
             data = json.loads(line)
-            if data["episode_id"].startswith(f"s{step}/"):
+            scout = (data.get("edit") or {}).get("kind") == "scout"  # trained on nothing
+            if data["episode_id"].startswith(f"s{step}/") and not scout:
                 out.append(SimpleNamespace(id=data["episode_id"], traj=Trajectory.from_dict(data)))
     if not out:
         raise SystemExit(f"{path}: no episode of step {step} (ids start 's{step}/')")
@@ -93,7 +94,7 @@ def main() -> None:
             for ep in eps:
                 ep.budget = budget
             _, adv, _ = trainer.advantages(eps)
-            samples, sample_adv, _ = trainer.samples(eps, adv)
+            samples, sample_adv, _, _ = trainer.samples(eps, adv)
             if not samples:
                 print(f"{step:>4} every group flat: nothing to train")
                 continue
