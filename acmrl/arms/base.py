@@ -80,8 +80,8 @@ class Arm:
 
     # -- the teacher (acmrl.teacher) --------------------------------------------------------------
     # A teacher's policy object (Demonstrator, CeilingPolicy) offers: task, env, budget, done
-    # (the environment calls made), compacted, read_memory, queried, size(prompt),
-    # in_view(args, prompt).
+    # (the environment calls made), compacted, read_memory, queried, keep_code, size(prompt),
+    # in_view(args, prompt), compaction_turn(size, name, args).
 
     def compaction(
         self,

@@ -104,16 +104,20 @@ class Evolve(Arm):
         whole turn; without it what stays once the program has run (its rationale, the stub
         call and the receipt). The budget bounds inputs, so such a program is generated past it,
         as acm's summary is by the summariser."""
-        if not getattr(policy, "keep_code", True):
+        if not policy.keep_code:
             b = policy.budget
-            receipt = {"applied": True, "tokens_before": b, "tokens_after": b}
-            receipt |= {"reusable_prefix": b, "cache_cost": b, "call_tokens": b}
-            receipt |= {"compaction_cost": float(b)}
-            stub = format_tool_call(EVOLVE_TOOL, json.loads(APPLIED_CODE))
-            # the teacher's compaction turn as it is written (acmrl.teacher.demonstrate)
-            why = f"My context is at {b} of {b} tokens, {self.demo_compaction_says}"
-            turn = f"{why}\n{stub}\n{json.dumps(receipt)}"
-            return len(policy.tok.encode(turn, add_special_tokens=False))
+            counts = (
+                "tokens_before",
+                "tokens_after",
+                "reusable_prefix",
+                "cache_cost",
+                "call_tokens",
+            )
+            receipt = {"applied": True, **dict.fromkeys(counts, b), "compaction_cost": float(b)}
+            turn = policy.compaction_turn(b, EVOLVE_TOOL, json.loads(APPLIED_CODE))
+            return len(
+                policy.tok.encode(f"{turn}\n{json.dumps(receipt)}", add_special_tokens=False)
+            )
         task = policy.task
         _, args = self.compaction(
             task,

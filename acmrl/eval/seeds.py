@@ -285,17 +285,20 @@ def _table(columns: list[Column], output: str | Path | None) -> str:
         for i, (ra, rb) in enumerate(zip(ca.runs, cb.runs, strict=True)):
             a, b = ra.by_arm[ca.arm], rb.by_arm[cb.arm]
             p, m = paired_bootstrap(a, b), mcnemar(a, b)
+            common = set(a) & set(b)
+            ta = _by_task({k: a[k] for k in common})  # a task's samples together
+            tb = _by_task({k: b[k] for k in common})
             where = ra.folder if ra is rb else f"{ra.folder} : {rb.folder}"
             lines.append(
                 f"| {ca.label} | {cb.label} | {where} | {p.diff:+.3f} | [{p.low:+.3f}, "
                 f"{p.high:+.3f}] | {m.only_b} / {m.only_a} | {m.p:.3g} | "
-                f"{sign_flip(_by_task(a), _by_task(b)):.3g} |"
+                f"{sign_flip(ta, tb):.3g} |"
             )
-            for key in set(a) & set(b):
+            for key in common:
                 pooled_a[f"{i}/{key}"], pooled_b[f"{i}/{key}"] = a[key], b[key]
-                task = key.rsplit("#", 1)[0]  # a task's samples and runs together
-                by_task_a.setdefault(task, []).extend(a[key])
-                by_task_b.setdefault(task, []).extend(b[key])
+            for task in ta:  # and its runs
+                by_task_a.setdefault(task, []).extend(ta[task])
+                by_task_b.setdefault(task, []).extend(tb[task])
         if len(ca.runs) > 1:
             p, m = paired_bootstrap(by_task_a, by_task_b), mcnemar(pooled_a, pooled_b)
             lines.append(

@@ -155,8 +155,7 @@ class Demonstrator:
                 repeats=len(set(self.done)) < len(self.done),
                 keep=kept_lines(self.env, self.task, TOOL_RESPONSE.findall(prompt)),
             )
-            why = f"My context is at {n} of {self.budget} tokens"
-            return self._turn(f"{why}, {self.arm_def.demo_compaction_says}", call, call_args)
+            return self.compaction_turn(n, call, call_args)
         detour = self.arm_def.demo_detour(self, prompt, name, args)
         if detour is not None:
             return self._turn(*detour)
@@ -225,6 +224,11 @@ class Demonstrator:
     def _search_last(self) -> tuple[str, dict[str, Any]]:
         plan = self.env.oracle_plan(self.task)
         return next(step for step in reversed(plan) if step[0] == "search")
+
+    def compaction_turn(self, size: int, name: str, args: dict[str, Any]) -> str:
+        """The teacher's compaction turn at a context of ``size`` tokens: why, then the call."""
+        why = f"My context is at {size} of {self.budget} tokens"
+        return self._turn(f"{why}, {self.arm_def.demo_compaction_says}", name, args)
 
     @staticmethod
     def _turn(rationale: str, name: str, args: dict[str, Any]) -> str:
