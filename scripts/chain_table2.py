@@ -52,7 +52,9 @@ default): an evolve program of the teacher's is 364-402 tokens on chain, so an e
 needs more room (a scripted teacher's turns are never cut).
 
 Every stage resumes: a rerun skips the finished annotation, continues SFT from its checkpoint
-(``--auto-resume``) and each eval from its episodes. The stage configs are written to
+(``--auto-resume``) and each eval from its episodes. SIGTERM or SIGUSR1 (kill, Slurm's warning
+before a time limit) reaches the stage running, which saves a checkpoint, and the protocol
+stops; OUT/.lock refuses a second protocol on the same folder while one runs. The stage configs are written to
 OUT/configs/ first, so a stage can be rerun by hand.
 """
 
@@ -60,7 +62,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fcntl
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -265,10 +270,68 @@ def write_stages(stages: dict[str, object], folder: Path) -> None:
             raise SystemExit(f"{name}: {exc}") from None
 
 
+# SIGTERM and SIGUSR1 (what kill and Slurm send) stop a training stage at a checkpoint: they are
+# passed on to the stage running, and the protocol stops once it has (a rerun resumes)
+FORWARDED = (signal.SIGTERM, signal.SIGUSR1)
+
+
 def acmrl(*args: str) -> None:
+    """Run one stage, ``python -m acmrl.cli ARGS`` (see :func:`stage`)."""
     cmd = [sys.executable, "-m", "acmrl.cli", *args]
     print("$", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
+    stage(cmd)
+
+
+def stage(cmd: list[str]) -> None:
+    """Run ``cmd``; a signal in FORWARDED reaches it, and the protocol then stops with its exit
+    code instead of starting the next stage."""
+    child = subprocess.Popen(cmd)
+    received: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        received.append(signum)
+        child.send_signal(signum)
+
+    before = {s: signal.signal(s, forward) for s in FORWARDED}
+    try:
+        code = child.wait()
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    if received:
+        print(
+            f"stopped by {signal.Signals(received[0]).name} during `{' '.join(cmd)}` "
+            f"(exit code {code}); rerun the same command to resume",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(code or 128 + received[0])
+    if code:
+        raise subprocess.CalledProcessError(code, cmd)
+
+
+_LOCKS: list[object] = []
+
+
+def hold(out: Path) -> None:
+    """Hold OUT/.lock while this process lives. Two protocols on one folder would write the same
+    checkpoints and episodes, so a second is refused, naming the first one's process."""
+    out.mkdir(parents=True, exist_ok=True)
+    f = (out / ".lock").open("a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        pid = f.read().strip() or "?"
+        f.close()
+        raise SystemExit(
+            f"{out} is in use by another run (process {pid}): wait for it or stop it"
+        ) from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    _LOCKS.append(f)  # the lock lasts as long as the open file
 
 
 def main() -> None:
@@ -296,6 +359,7 @@ def main() -> None:
     args = ap.parse_args()
     cfg_dir = args.out / "configs"
     cfg_dir.mkdir(parents=True, exist_ok=True)
+    hold(args.out)
     # the settings a started run is pinned to, named as configs() takes them
     settings = {
         "test_worlds": TEST_WORLDS,

@@ -36,7 +36,8 @@ with its paired interval and McNemar p, Compaction Cost per success and its chan
 compaction point; then their mean and range over the seeds. Evals use ``force_answer`` and the
 chain budget, as the Table 2 protocol; ``--agent`` and ``--max-new-tokens`` set the agent and
 the turn length in the runs and every eval alike. Every stage resumes (GRPO with
-``--auto-resume``, each eval from its episodes); the settings, the seeds among them, are pinned
+``--auto-resume``, each eval from its episodes; SIGTERM stops the running stage at a
+checkpoint and the run, and OUT/.lock refuses a second run on the folder); the settings, the seeds among them, are pinned
 in OUT/protocol.json, and ``--set`` refuses the options the protocol sets itself.
 """
 
@@ -60,6 +61,7 @@ from chain_table2 import (
     agent_options,
     chain_env,
     check_settings,
+    hold,
     parse_agent,
     write_stages,
 )
@@ -310,6 +312,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:  # a bad --set is refused before anything
         write_stages(stages, Path(tmp))
     # a rerun under other settings is refused before it rewrites the run's configs
+    hold(args.out)
     check_settings(args.out, settings, write=not args.dry_run)
     cfg_dir = args.out / "configs"
     cfg_dir.mkdir(parents=True, exist_ok=True)

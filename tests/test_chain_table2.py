@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -241,3 +243,63 @@ def test_agent_options_reach_the_demonstrations_and_every_eval(tmp_path):
         cwd=ROOT,
     )
     assert res.returncode != 0 and not (tmp_path / "typo" / "protocol.json").exists()
+
+
+def test_a_second_protocol_on_one_folder_is_refused(tmp_path):
+    out = tmp_path / "run"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import importlib.util, sys, time; from pathlib import Path\n"
+            f"spec = importlib.util.spec_from_file_location('c', {str(ROOT / 'scripts' / 'chain_table2.py')!r})\n"
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+            f"m.hold(Path({str(out)!r})); print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        res = _dry(out)
+        assert res.returncode != 0
+        assert f"in use by another run (process {holder.pid})" in res.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    assert _dry(out).returncode == 0  # the lock went with its process
+
+
+def test_sigterm_reaches_the_running_stage_and_stops_the_protocol(tmp_path):
+    """kill or Slurm's SIGTERM to the protocol must reach the training stage (which saves a
+    checkpoint on it) and stop the protocol instead of starting the next stage."""
+    child = (
+        "import signal, sys, time\n"
+        f"def stop(n, f): open({str(tmp_path / 'got')!r}, 'w').write(str(n)); sys.exit(7)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        f"open({str(tmp_path / 'ready')!r}, 'w').close()\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('c', {str(ROOT / 'scripts' / 'chain_table2.py')!r})\n"
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+            f"m.stage([sys.executable, '-c', {child!r}])\n"
+            f"open({str(tmp_path / 'next')!r}, 'w').close()\n",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    for _ in range(600):
+        if (tmp_path / "ready").exists():
+            break
+        time.sleep(0.05)
+    parent.send_signal(signal.SIGTERM)
+    _, err = parent.communicate(timeout=60)
+    assert (tmp_path / "got").read_text() == str(int(signal.SIGTERM))
+    assert parent.returncode == 7
+    assert not (tmp_path / "next").exists()
+    assert "stopped by SIGTERM" in err and "rerun the same command to resume" in err
