@@ -323,7 +323,9 @@ def eval_(
     output: Annotated[
         Path | None,
         typer.Option(
-            "--output", "-o", help="compare / report / seeds / versus: write the table here too"
+            "--output",
+            "-o",
+            help="compare / report / seeds / versus / edits: write the table here too",
         ),
     ] = None,
 ) -> None:
@@ -331,12 +333,23 @@ def eval_(
     `acmrl eval report A B C ...` puts several benchmarks in one Table 2,
     `acmrl eval seeds A B C ...` the runs of several training seeds in one table (or
     `acmrl eval seeds acm=A0,A1 summary=S0,S1` with one trained student per arm),
-    `acmrl eval versus START TRAINED [-c grpo.yaml]` a GRPO policy against its start."""
+    `acmrl eval versus START TRAINED [-c grpo.yaml]` a GRPO policy against its start,
+    `acmrl eval edits START TRAINED` how its context edits (programs, summaries) changed."""
     args = list(overrides or [])
     if args and args[0] == "versus":
         if len(args) != 3:
             fail("usage: acmrl eval versus START TRAINED [--config GRPO_YAML] [--output FILE]")
         _versus(args[1], args[2], config, output)
+        return
+    if args and args[0] == "edits":
+        if len(args) != 3:
+            fail("usage: acmrl eval edits START TRAINED [--output FILE]")
+        from acmrl.eval.edit_change import edit_change_md
+
+        try:
+            typer.echo(edit_change_md(args[1], args[2], output))
+        except ValueError as exc:
+            fail(str(exc))
         return
     if args and args[0] == "seeds":
         from acmrl.eval.seeds import seeds_table

@@ -33,7 +33,10 @@ whole-episode against decision groups) side by side.
 
 OUT/grpo_seeds.md lists every run against the start (``acmrl.eval.versus.versus_seeds``): Pass@1
 with its paired interval and McNemar p, Compaction Cost per success and its change, the mean
-compaction point; then their mean and range over the seeds. Evals use ``force_answer`` and the
+compaction point, the kept prefix per edit with its paired interval; then their mean and range
+over the seeds. OUT/edits-s<seed>.md shows how each run's context edits changed on the test
+worlds (``acmrl eval edits``: valid rate, refusals, the distribution of tokens generated, Cache
+Cost and kept prefix per edit, and the first edits of both on the same tasks). Evals use ``force_answer`` and the
 chain budget, as the Table 2 protocol; ``--agent`` and ``--max-new-tokens`` set the agent and
 the turn length in the runs and every eval alike. Every stage resumes (GRPO with
 ``--auto-resume``, each eval from its episodes; SIGTERM stops the running stage at a
@@ -384,6 +387,12 @@ def main() -> None:
         notes=notes,
     )
     print(text)
+    # how each run's context edits changed against the start (programs, summaries, examples)
+    from acmrl.eval.edit_change import edit_change_md
+
+    for (_, folder), seed in zip(runs, args.seeds, strict=True):
+        edit_change_md(args.out / "eval-test-start", folder, args.out / f"edits-s{seed}.md")
+    print(f"how the context edits changed: {args.out}/edits-s<seed>.md")
 
 
 if __name__ == "__main__":

@@ -327,9 +327,10 @@ def test_context_edits_by_hand():
     assert edit_figures([{"edits": [summary]}])["summary"]["valid_rate"] is None
 
 
-def _versus_folder(folder, episodes, facts=None):
+def _versus_folder(folder, episodes, facts=None, kept=None):
     """An eval folder holding ``episodes``: (task, success, compaction cost, points); each
-    compaction's summary had ``facts`` = (needed facts in, kept) when given."""
+    compaction's summary had ``facts`` = (needed facts in, kept) when given and kept the share
+    ``kept`` of the prefix before it when given."""
     import json
 
     folder.mkdir(parents=True)
@@ -343,6 +344,7 @@ def _versus_folder(folder, episodes, facts=None):
                 "compaction_cost": cost / max(1, len(points)),
             }
             | ({"facts_in": facts[0], "facts_kept": facts[1]} if facts else {})
+            | ({"reusable_prefix": int(kept * p * 1000)} if kept is not None else {})
             for p in points
         ]
         lines.append(
@@ -388,9 +390,95 @@ def test_versus_start_reports_reward_cost_per_success_and_compaction_point(tmp_p
     )
     kept = versus_start(tmp_path / "start", tmp_path / "kept", w)
     assert "| acm | needed facts kept by edits | - | 0.667 | - | |" in kept
+    assert "kept prefix" not in text  # recorded by neither
     # the reverse direction: dearer successes, lower reward
     back = versus_start(tmp_path / "trained", tmp_path / "start", w)
     assert "+67%" in back and "mean reward not up" in back and "the bar is not met" in back
+
+
+def test_versus_reports_the_kept_prefix_with_a_paired_interval_for_every_seed(tmp_path):
+    """The share of the prefix cache each edit kept, start against trained: per edit in each
+    side, and paired over the tasks both edited (each task's edits averaged first)."""
+    from acmrl.eval.versus import versus_seeds, versus_start
+    from acmrl.rewards import RewardWeights
+
+    w = RewardWeights(success=1.0, compaction_cost=0.1)
+    start = [("t1", True, 1000, [0.9]), ("t2", True, 1000, [0.9]), ("t3", False, 800, [0.8])]
+    _versus_folder(tmp_path / "start", start, kept=0.5)
+    # a run whose edits keep more of the prefix on two tasks and make none on the third
+    _versus_folder(
+        tmp_path / "s0",
+        [("t1", True, 600, [0.6, 0.8]), ("t2", True, 600, [0.6]), ("t3", False, 0, [])],
+        kept=0.9,
+    )
+    _versus_folder(tmp_path / "s1", start, kept=0.5)  # a run that changed nothing
+    text = versus_start(tmp_path / "start", tmp_path / "s0", w)
+    assert (
+        "| acm | kept prefix per edit, mean | 0.500 | 0.900 | +0.400 | [+0.400, +0.400] over "
+        "2 tasks |" in text
+    )
+    table = versus_seeds(
+        tmp_path / "start", [("seed 0", tmp_path / "s0"), ("seed 1", tmp_path / "s1")], w, "acm"
+    )
+    assert "| 0.500 -> 0.900, +0.400 [+0.400, +0.400] |" in table
+    assert "| 0.500 -> 0.500, +0.000 [+0.000, +0.000] |" in table
+    assert "kept prefix per edit 0.700 (0.500 to 0.900) against 0.500." in table
+
+
+def test_eval_edits_shows_how_programs_and_summaries_changed(tmp_path, tokenizer):
+    """acmrl eval edits over two real evals of the oracle (compacting at two points stands in
+    for a policy before and after training): per arm and kind of edit, the figures of both, the
+    kept prefix paired over the tasks both edited, the per-edit percentiles, and the first
+    programs of both on the same task."""
+    import csv
+    import statistics
+
+    from typer.testing import CliRunner
+
+    from acmrl.cli import app
+    from acmrl.eval.edit_change import edit_change
+
+    env = load("kb_search", preset="tiny", seed=0)
+    for name, pressure in (("a", 0.75), ("b", 0.5)):
+        cfg = EvalConfig(output=str(tmp_path / name), arms=["acm", "evolve"], plots=False)
+        cfg.env.options, cfg.env.limit = {"preset": "tiny", "seed": 0}, 3
+        cfg.agent.max_context_tokens = 1400
+        run_eval(cfg, engine=oracle_engine(env, tokenizer, pressure=pressure))
+    figures = edit_change(tmp_path / "a", tmp_path / "b")
+    assert set(figures) == {"acm", "evolve"}
+    assert set(figures["evolve"]) == {"evolve"} and set(figures["acm"]) == {"manage_context"}
+
+    def kept(folder, arm):  # per task, the mean of its edits' kept prefix, from edits.csv
+        by: dict[str, list[float]] = {}
+        with (folder / "edits.csv").open() as f:
+            for r in csv.DictReader(f):
+                if r["arm"] == arm and r["kept_prefix"]:
+                    by.setdefault(r["task_id"], []).append(float(r["kept_prefix"]))
+        return {t: sum(v) / len(v) for t, v in by.items()}
+
+    for arm, kind in (("evolve", "evolve"), ("acm", "manage_context")):
+        v = figures[arm][kind]
+        ka, kb = kept(tmp_path / "a", arm), kept(tmp_path / "b", arm)
+        both = sorted(set(ka) & set(kb))
+        assert v["kept_prefix"].tasks == len(both) > 0
+        want = statistics.mean(kb[t] - ka[t] for t in both)
+        assert v["kept_prefix"].diff == pytest.approx(want)
+        assert v["kept_prefix"].low <= v["kept_prefix"].diff <= v["kept_prefix"].high
+        for side in v["dist"]["generated"]:
+            assert side[0] <= side[2] <= side[4]
+    task, first_a, first_b = figures["evolve"]["evolve"]["examples"][0]
+    assert first_a["kind"] == first_b["kind"] == "evolve" and "return" in first_b["program"]
+    out = tmp_path / "edits.md"
+    res = CliRunner().invoke(
+        app, ["eval", "edits", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(out)]
+    )
+    assert res.exit_code == 0, res.output
+    md = out.read_text()
+    assert "## evolve: evolve" in md and "## acm: manage_context" in md
+    assert f"### Task `{task}`, the first evolve edit" in md and first_b["program"][:40] in md
+    assert "| kept prefix | trained |" in md
+    usage = CliRunner().invoke(app, ["eval", "edits", str(tmp_path / "a")])
+    assert usage.exit_code != 0 and "usage: acmrl eval edits" in usage.output
 
 
 def test_eval_versus_command_reads_the_grpo_runs_reward_weights(tmp_path):

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from acmrl.eval.edits import EDIT_KINDS
 from acmrl.eval.report import mcnemar, paired_bootstrap, per_episode, per_task
 from acmrl.rewards import RewardWeights, compaction_points, trajectory_reward
 from acmrl.rollout.records import fact_retention
@@ -46,6 +47,12 @@ def episode_figures(
     reward, _ = trajectory_reward(traj, budget, weights, output_weight=output_weight)
     events = [e for s in traj.get("steps", []) for e in s.get("events", [])]
     return {
+        # each context edit's kept prefix (acmrl.eval.edits): the share of the cache it kept
+        "kept": [
+            e["reusable_prefix"] / e["tokens_before"]
+            for e in events
+            if e.get("kind") in EDIT_KINDS and e.get("tokens_before") and "reusable_prefix" in e
+        ],
         "task_id": traj["task_id"],
         "sample": traj.get("sample", 0),
         "success": float(float(traj.get("score", 0.0)) >= 1.0),
@@ -61,6 +68,7 @@ def arm_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     n = max(1, len(rows))
     wins = [r for r in rows if r["success"]]
     points = [p for r in rows for p in r["points"]]
+    kept = [k for r in rows for k in r["kept"]]
     return {
         "episodes": len(rows),
         "pass@1": sum(r["success"] for r in rows) / n,
@@ -68,11 +76,31 @@ def arm_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "cost_per_success": sum(r["cost"] for r in wins) / len(wins) if wins else float("nan"),
         "compaction_point": sum(points) / len(points) if points else float("nan"),
         "fact_retention": fact_retention(rows),  # None: no summary had a fact to keep
+        "kept_prefix": sum(kept) / len(kept) if kept else None,  # per edit; None: no edit
     }
+
+
+def kept_by_task(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per task, each episode's mean kept prefix over its context edits (episodes without an
+    edit left out): the pairs of the kept prefix's bootstrap."""
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        if r["kept"]:
+            out.setdefault(r["task_id"], []).append(sum(r["kept"]) / len(r["kept"]))
+    return out
 
 
 def _num(x: float | None, fmt: str = ".3f") -> str:
     return "-" if x is None else format(x, fmt)
+
+
+def _kept(v: dict[str, Any]) -> str:
+    """A versus_seeds cell: the kept prefix of both sides and their paired difference."""
+    pk = v["kept"]
+    cell = f"{_num(v['start']['kept_prefix'])} -> {_num(v['trained']['kept_prefix'])}"
+    if pk.tasks:
+        cell += f", {pk.diff:+.3f} [{pk.low:+.3f}, {pk.high:+.3f}]"
+    return cell
 
 
 def versus_figures(
@@ -101,6 +129,7 @@ def versus_figures(
             "pass": paired_bootstrap(per_task(a, "success"), per_task(b, "success")),
             "reward": paired_bootstrap(per_task(a, "reward"), per_task(b, "reward")),
             "exact": mcnemar(per_episode(a), per_episode(b)),
+            "kept": paired_bootstrap(kept_by_task(a), kept_by_task(b)),
             "cost_change": (cb - ca) / ca if ca == ca and cb == cb and ca > 0 else float("nan"),
         }
     return out
@@ -143,6 +172,14 @@ def versus_start(
             f"{fb['compaction_point']:.3f} | "
             f"{fb['compaction_point'] - fa['compaction_point']:+.3f} | |",
         ]
+        pk = v["kept"]
+        if fa["kept_prefix"] is not None or fb["kept_prefix"] is not None:
+            ci = f"[{pk.low:+.3f}, {pk.high:+.3f}] over {pk.tasks} tasks" if pk.tasks else ""
+            lines.append(
+                f"| {arm} | kept prefix per edit, mean | {_num(fa['kept_prefix'])} | "
+                f"{_num(fb['kept_prefix'])} | {_num(pk.diff if pk.tasks else None, '+.3f')} | "
+                f"{ci} |"
+            )
         ka, kb = fa["fact_retention"], fb["fact_retention"]
         if ka is not None or kb is not None:  # recorded by either side
             diff = kb - ka if ka is not None and kb is not None else None
@@ -193,8 +230,9 @@ def versus_seeds(
             "McNemar p of the paired episodes.",
             "",
             "| run | Pass@1 start | Pass@1 run | run - start [95% CI] | McNemar p | "
-            "CC/success start | CC/success run | change | compaction point start -> run |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "CC/success start | CC/success run | change | compaction point start -> run | "
+            "kept prefix start -> run, run - start [95% CI] |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ],
     )
     for label, folder in runs:
@@ -209,7 +247,7 @@ def versus_seeds(
             f"{fb['pass@1'] - fa['pass@1']:+.3f} [{p.low:+.3f}, {p.high:+.3f}] | "
             f"{v['exact'].p:.3g} | {fa['cost_per_success']:.0f} | {fb['cost_per_success']:.0f} | "
             f"{v['cost_change']:+.0%} | {fa['compaction_point']:.3f} -> "
-            f"{fb['compaction_point']:.3f} |"
+            f"{fb['compaction_point']:.3f} | {_kept(v)} |"
         )
 
     def spread(values: list[float], fmt: str) -> str:
@@ -232,7 +270,9 @@ def versus_seeds(
         f"{rows[0]['start']['cost_per_success']:.0f}, change "
         f"{spread([r['cost_change'] for r in rows], '+.1%')}; mean compaction point "
         f"{spread(col('compaction_point'), '.3f')} against "
-        f"{rows[0]['start']['compaction_point']:.3f}.",
+        f"{rows[0]['start']['compaction_point']:.3f}; kept prefix per edit "
+        f"{spread([x for x in col('kept_prefix') if x is not None], '.3f')} against "
+        f"{_num(rows[0]['start']['kept_prefix'])}.",
         *(["", *[f"- {n}" for n in notes]] if notes else []),
     ]
     text = "\n".join(lines) + "\n"
