@@ -1,0 +1,59 @@
+"""scripts/keep_results.py: a run's small outputs are kept, and a table is rebuilt from them."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from acmrl.config import EvalConfig
+from acmrl.envs import load
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("keep", ROOT / "scripts" / "keep_results.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_kept_files_rebuild_the_seeds_table(tmp_path, tokenizer):
+    from acmrl.eval.run import run_eval
+    from acmrl.eval.seeds import seeds_table
+    from acmrl.teacher.demonstrate import oracle_engine
+
+    run = tmp_path / "run"
+    env = load("kb_search", preset="tiny", seed=0)
+    for seed, pressure in ((0, 0.75), (1, 0.5)):
+        cfg = EvalConfig(output=str(run / f"eval-test-s{seed}"), arms=["react", "acm"], plots=False)
+        cfg.env.options, cfg.env.limit = {"preset": "tiny", "seed": 0}, 2
+        cfg.agent.max_context_tokens = 1400
+        run_eval(cfg, engine=oracle_engine(env, tokenizer, 1400, pressure))
+    (run / "protocol.json").write_text(json.dumps({"steps": 3}))
+    (run / "configs").mkdir()
+    (run / "configs" / "sft-s0.yaml").write_text("seed: 0\n")
+    (run / "table2.md").write_text("# table\n")
+    (run / "annotate").mkdir()
+    (run / "annotate" / "README.md").write_text("| demonstrations | 2 |\n")
+    (run / "sft-s0" / "final").mkdir(parents=True)
+    (run / "sft-s0" / "final" / "adapter_model.safetensors").write_bytes(b"\0" * 10)
+    big = run / "notes.md"
+    big.write_text("x" * 2_000_001)
+    keep = _script().keep
+    dest = tmp_path / "results" / "run"
+    copied, skipped = keep(run, dest)
+    kept = {p.relative_to(dest).as_posix() for p in copied}
+    assert {"protocol.json", "configs/sft-s0.yaml", "table2.md", "annotate.md"} <= kept
+    for seed in (0, 1):
+        assert {f"eval-test-s{seed}/report.json", f"eval-test-s{seed}/episodes.csv"} <= kept
+    assert not any("safetensors" in k or k.endswith(".jsonl") for k in kept)  # weights, records
+    assert skipped == [f"{big} ({big.stat().st_size:,} bytes)"]  # over the limit: listed
+    runs = [run / "eval-test-s0", run / "eval-test-s1"]
+    again = [dest / "eval-test-s0", dest / "eval-test-s1"]
+    assert seeds_table(again).replace(str(dest), "X") == seeds_table(runs).replace(str(run), "X")
+    with pytest.raises(SystemExit, match=r"has no protocol\.json"):
+        keep(tmp_path / "results", tmp_path / "elsewhere")
