@@ -53,7 +53,7 @@ needs more room (a scripted teacher's turns are never cut).
 
 Every stage resumes: a rerun skips the finished annotation, continues SFT from its checkpoint
 (``--auto-resume``) and each eval from its episodes. SIGTERM or SIGUSR1 (kill, Slurm's warning
-before a time limit) reaches the stage running, which saves a checkpoint, and the protocol
+before a time limit) reaches the stage running (SFT saves a checkpoint on it) and the protocol
 stops; OUT/.lock refuses a second protocol on the same folder while one runs. The stage configs are written to
 OUT/configs/ first, so a stage can be rerun by hand.
 """
@@ -70,6 +70,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TextIO
 
 from acmrl.config import AgentConfig, ConfigError, DemoConfig, load_config, parse_override
 from acmrl.demo import _yaml, stage_configs
@@ -283,39 +284,49 @@ def acmrl(*args: str) -> None:
 
 
 def stage(cmd: list[str]) -> None:
-    """Run ``cmd``; a signal in FORWARDED reaches it, and the protocol then stops with its exit
-    code instead of starting the next stage."""
-    child = subprocess.Popen(cmd)
+    """Run ``cmd``; a signal in FORWARDED reaches it (a training stage saves a checkpoint on it;
+    another stage just ends), and the protocol then stops with its exit code instead of
+    starting the next stage. The run folder's lock is passed on, so it is held while the stage
+    runs even if this process is killed."""
     received: list[int] = []
+    child: subprocess.Popen | None = None
 
     def forward(signum: int, _frame: object) -> None:
         received.append(signum)
-        child.send_signal(signum)
+        if child is not None:
+            child.send_signal(signum)
 
+    # the handlers go in first: a signal while the stage starts is recorded, then passed on
     before = {s: signal.signal(s, forward) for s in FORWARDED}
     try:
+        child = subprocess.Popen(cmd, pass_fds=[f.fileno() for f in _LOCKS])
+        if received:
+            child.send_signal(received[0])
         code = child.wait()
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
     if received:
+        # a stage killed by the signal itself has a negative return code
+        status = code if code > 0 else 128 + (-code or received[0])
         print(
             f"stopped by {signal.Signals(received[0]).name} during `{' '.join(cmd)}` "
-            f"(exit code {code}); rerun the same command to resume",
+            f"(exit code {status}); rerun the same command to resume",
             file=sys.stderr,
             flush=True,
         )
-        raise SystemExit(code or 128 + received[0])
+        raise SystemExit(status)
     if code:
         raise subprocess.CalledProcessError(code, cmd)
 
 
-_LOCKS: list[object] = []
+_LOCKS: list[TextIO] = []
 
 
 def hold(out: Path) -> None:
-    """Hold OUT/.lock while this process lives. Two protocols on one folder would write the same
-    checkpoints and episodes, so a second is refused, naming the first one's process."""
+    """Hold OUT/.lock while this process (and the stage it runs) lives. Two protocols on one
+    folder would write the same checkpoints and episodes, so a second is refused, naming the
+    first one's process. On a file system without locks it warns and goes on."""
     out.mkdir(parents=True, exist_ok=True)
     f = (out / ".lock").open("a+")
     try:
@@ -327,11 +338,15 @@ def hold(out: Path) -> None:
         raise SystemExit(
             f"{out} is in use by another run (process {pid}): wait for it or stop it"
         ) from None
+    except OSError as exc:  # e.g. ENOLCK on some network file systems
+        f.close()
+        print(f"warning: cannot lock {out / '.lock'} ({exc}); a second run is not refused")
+        return
     f.seek(0)
     f.truncate()
     f.write(f"{os.getpid()}\n")
     f.flush()
-    _LOCKS.append(f)  # the lock lasts as long as the open file
+    _LOCKS.append(f)  # the lock lasts as long as the open file (and the stages' copies of it)
 
 
 def main() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -303,3 +304,46 @@ def test_sigterm_reaches_the_running_stage_and_stops_the_protocol(tmp_path):
     assert parent.returncode == 7
     assert not (tmp_path / "next").exists()
     assert "stopped by SIGTERM" in err and "rerun the same command to resume" in err
+
+
+def test_a_stage_outlives_its_protocol_with_the_lock_and_a_signal_death_exits_128_plus(tmp_path):
+    """A stage without a handler dies of SIGTERM: the protocol exits 143 (128 + 15). A stage
+    whose protocol is killed (SIGKILL, nothing forwarded) keeps the folder's lock, so no second
+    protocol starts beside it."""
+    out = tmp_path / "run"
+    script = str(ROOT / "scripts" / "chain_table2.py")
+    load = (
+        "import importlib.util, sys\nfrom pathlib import Path\n"
+        f"spec = importlib.util.spec_from_file_location('c', {script!r})\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+    )
+    ready = str(tmp_path / "ready")
+    child = f"import os, time; open({ready!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    run = f"m.hold(Path({str(out)!r}))\nm.stage([sys.executable, '-c', {child!r}])\n"
+
+    def start():
+        (tmp_path / "ready").unlink(missing_ok=True)
+        p = subprocess.Popen([sys.executable, "-c", load + run], stderr=subprocess.PIPE, text=True)
+        for _ in range(600):
+            if (tmp_path / "ready").exists() and (tmp_path / "ready").read_text():
+                return p
+            time.sleep(0.05)
+        p.kill()
+        raise AssertionError(f"the stage did not start: {p.communicate()[1][-2000:]}")
+
+    parent = start()
+    parent.send_signal(signal.SIGTERM)
+    _, err = parent.communicate(timeout=60)
+    assert parent.returncode == 143 and "(exit code 143)" in err
+    parent = start()
+    parent.kill()
+    parent.wait()
+    res = _dry(out)
+    assert res.returncode != 0 and "in use by another run" in res.stderr  # the stage holds it
+    os.kill(int((tmp_path / "ready").read_text()), signal.SIGKILL)
+    for _ in range(200):
+        if _dry(out).returncode == 0:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the lock outlived the stage")

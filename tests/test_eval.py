@@ -327,13 +327,18 @@ def test_context_edits_by_hand():
     assert edit_figures([{"edits": [summary]}])["summary"]["valid_rate"] is None
 
 
-def _versus_folder(folder, episodes, facts=None, kept=None):
+def _versus_folder(folder, episodes, facts=None, kept=None, refused=()):
     """An eval folder holding ``episodes``: (task, success, compaction cost, points); each
     compaction's summary had ``facts`` = (needed facts in, kept) when given and kept the share
-    ``kept`` of the prefix before it when given."""
+    ``kept`` of the prefix before it when given (one share, or one per task); the tasks in
+    ``refused`` get one more edit, refused, that kept the whole prefix."""
     import json
 
     folder.mkdir(parents=True)
+
+    def share(task):
+        return kept[task] if isinstance(kept, dict) else kept
+
     lines = []
     for i, (task, win, cost, points) in enumerate(episodes):
         events = [
@@ -344,9 +349,14 @@ def _versus_folder(folder, episodes, facts=None, kept=None):
                 "compaction_cost": cost / max(1, len(points)),
             }
             | ({"facts_in": facts[0], "facts_kept": facts[1]} if facts else {})
-            | ({"reusable_prefix": int(kept * p * 1000)} if kept is not None else {})
+            | ({"reusable_prefix": round(share(task) * p * 1000)} if kept is not None else {})
             for p in points
         ]
+        if task in refused:
+            events.append(
+                {"kind": "manage_context", "applied": False, "tokens_before": 500}
+                | {"reusable_prefix": 500, "compaction_cost": 0.0}
+            )
         lines.append(
             json.dumps(
                 {
@@ -397,32 +407,76 @@ def test_versus_start_reports_reward_cost_per_success_and_compaction_point(tmp_p
 
 
 def test_versus_reports_the_kept_prefix_with_a_paired_interval_for_every_seed(tmp_path):
-    """The share of the prefix cache each edit kept, start against trained: per edit in each
-    side, and paired over the tasks both edited (each task's edits averaged first)."""
+    """The share of the prefix cache each applied edit kept, start against trained: per edit
+    in each side, and paired over the tasks both edited (each task's edits averaged first); a
+    refused edit, which only appends its receipt, does not count."""
     from acmrl.eval.versus import versus_seeds, versus_start
     from acmrl.rewards import RewardWeights
 
     w = RewardWeights(success=1.0, compaction_cost=0.1)
     start = [("t1", True, 1000, [0.9]), ("t2", True, 1000, [0.9]), ("t3", False, 800, [0.8])]
-    _versus_folder(tmp_path / "start", start, kept=0.5)
-    # a run whose edits keep more of the prefix on two tasks and make none on the third
+    _versus_folder(tmp_path / "start", start, kept={"t1": 0.2, "t2": 0.6, "t3": 0.4})
+    # two edits on t1, one on t2 beside a refused one, none on t3
     _versus_folder(
         tmp_path / "s0",
         [("t1", True, 600, [0.6, 0.8]), ("t2", True, 600, [0.6]), ("t3", False, 0, [])],
-        kept=0.9,
+        kept={"t1": 0.9, "t2": 0.5},
+        refused={"t2"},
     )
-    _versus_folder(tmp_path / "s1", start, kept=0.5)  # a run that changed nothing
+    _versus_folder(tmp_path / "s1", start, kept={"t1": 0.2, "t2": 0.6, "t3": 0.4})  # unchanged
     text = versus_start(tmp_path / "start", tmp_path / "s0", w)
+    # per applied edit 0.400 -> 0.767 (2 x 0.9 and 0.5); paired over t1 (+0.7) and t2 (-0.1)
     assert (
-        "| acm | kept prefix per edit, mean | 0.500 | 0.900 | +0.400 | [+0.400, +0.400] over "
-        "2 tasks |" in text
+        "| acm | kept prefix per applied edit, mean | 0.400 | 0.767 | +0.367 | paired over the "
+        "2 tasks both edited: +0.300 [-0.100, +0.700] |" in text
     )
     table = versus_seeds(
         tmp_path / "start", [("seed 0", tmp_path / "s0"), ("seed 1", tmp_path / "s1")], w, "acm"
     )
-    assert "| 0.500 -> 0.900, +0.400 [+0.400, +0.400] |" in table
-    assert "| 0.500 -> 0.500, +0.000 [+0.000, +0.000] |" in table
-    assert "kept prefix per edit 0.700 (0.500 to 0.900) against 0.500." in table
+    assert "| 0.400 -> 0.767; paired +0.300 [-0.100, +0.700] over 2 tasks |" in table
+    assert "| 0.400 -> 0.400; paired +0.000 [+0.000, +0.000] over 3 tasks |" in table
+    assert "kept prefix per edit 0.583 (0.400 to 0.767) against 0.400." in table
+
+
+def test_eval_edits_shows_a_kind_of_edit_that_one_side_stopped_making(tmp_path):
+    """A policy that learned to stop writing programs: its start's programs are shown beside
+    an empty side, not dropped; a refused program's kept prefix (it only appended a receipt)
+    does not count."""
+    import dataclasses
+    import json
+
+    from acmrl.eval.edit_change import edit_change, edit_change_md
+
+    def folder(name, steps):
+        t = Trajectory("e1", "t1", "kb", "evolve", 0, 0, "m", "q", "a")
+        t.steps = steps
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "episodes.jsonl").write_text(json.dumps(dataclasses.asdict(t)) + "\n")
+        return tmp_path / name
+
+    applied = ContextEvent("evolve", 1000, 950, 900, 120, 300, 0, 420.0, facts_in=5, facts_kept=4)
+    refused = ContextEvent(
+        "evolve", 700, 760, 700, 60, 200, 0, 260.0, applied=False,
+        detail="the code threw: SyntaxError: unexpected token in expression: ')'",
+    )  # fmt: skip
+    code = {"name": "evolve", "arguments": {"code": "return state;"}}
+    start = folder(
+        "start",
+        [
+            Step(0, _call([1], [2]), actions=[code], events=[applied]),
+            Step(1, _call([1], [2]), actions=[code], events=[refused]),
+        ],
+    )
+    trained = folder("trained", [Step(0, _call([1], [2]), actions=[{"name": "answer"}])])
+    v = edit_change(start, trained)["evolve"]["evolve"]
+    assert v["trained"] is None and v["start"]["edits"] == 2
+    assert v["start"]["kept_prefix_mean"] == 0.9  # the refused one's 1.0 left out
+    assert v["dist"]["kept_prefix"] == ([0.9] * 5, None)
+    assert v["kept_prefix"].tasks == 0
+    md = edit_change_md(start, trained)
+    assert "## evolve: evolve" in md and "| edits (per episode) | 2 (2.00) | 0 (0.00) |" in md
+    assert "no task on which both applied such an edit" in md
+    assert "return state;" in md and "Trained: (none)" in md
 
 
 def test_eval_edits_shows_how_programs_and_summaries_changed(tmp_path, tokenizer):

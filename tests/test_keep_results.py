@@ -22,8 +22,11 @@ def _script():
 
 
 def test_the_kept_files_rebuild_the_seeds_table(tmp_path, tokenizer):
+    from acmrl.eval.edit_change import edit_change_md
     from acmrl.eval.run import run_eval
     from acmrl.eval.seeds import seeds_table
+    from acmrl.eval.versus import versus_start
+    from acmrl.rewards import RewardWeights
     from acmrl.teacher.demonstrate import oracle_engine
 
     run = tmp_path / "run"
@@ -50,10 +53,19 @@ def test_the_kept_files_rebuild_the_seeds_table(tmp_path, tokenizer):
     assert {"protocol.json", "configs/sft-s0.yaml", "table2.md", "annotate.md"} <= kept
     for seed in (0, 1):
         assert {f"eval-test-s{seed}/report.json", f"eval-test-s{seed}/episodes.csv"} <= kept
-    assert not any("safetensors" in k or k.endswith(".jsonl") for k in kept)  # weights, records
+    assert not any("safetensors" in k or k.endswith(".jsonl") for k in kept)  # weights, raw
+    assert "eval-test-s0/episodes.jsonl.gz" in kept  # the records, gzipped
     assert skipped == [f"{big} ({big.stat().st_size:,} bytes)"]  # over the limit: listed
     runs = [run / "eval-test-s0", run / "eval-test-s1"]
     again = [dest / "eval-test-s0", dest / "eval-test-s1"]
     assert seeds_table(again).replace(str(dest), "X") == seeds_table(runs).replace(str(run), "X")
+    # versus and edits read the gzipped records as they read the run's own
+    w = RewardWeights(success=1.0, compaction_cost=0.1)
+    assert versus_start(again[0], again[1], w).replace(str(dest), "X") == versus_start(
+        runs[0], runs[1], w
+    ).replace(str(run), "X")
+    assert edit_change_md(again[0], again[1]).replace(str(dest), "X") == edit_change_md(
+        runs[0], runs[1]
+    ).replace(str(run), "X")
     with pytest.raises(SystemExit, match=r"has no protocol\.json"):
         keep(tmp_path / "results", tmp_path / "elsewhere")

@@ -7,13 +7,18 @@ the ``summary`` arm's monitor, the ``memory`` arm's moves), sets side by side:
 
 - the edit figures of each side (:func:`acmrl.eval.edits.edit_figures`: edits per episode,
   valid and effective rate, refusals and why, needed facts kept);
-- the **kept prefix** (the share of the prefix cache an edit kept: 1.0 for an edit that only
-  appends, near 0 for one that rewrites the start) as a paired difference over the tasks on
-  which both made such an edit (each task's edits averaged first), with a bootstrap interval;
-- the distribution of the per-edit measures (tokens generated, Cache Cost, kept prefix): their
-  10th, 25th, 50th, 75th and 90th percentiles;
-- examples: on the first tasks both edited, the first edit of each side (an evolve program's
-  code, a summary's text), so that what the policy learned to write can be read.
+- the **kept prefix** (the share of the prefix cache an applied edit kept: 1.0 for an edit
+  that only appends, near 0 for one that rewrites the start) as a paired difference over the
+  tasks on which both applied such an edit (each task's edits averaged first), with a
+  bootstrap interval;
+- the distribution of the per-edit measures (tokens generated and Cache Cost of every edit,
+  refused ones too; kept prefix of the applied ones): their 10th, 25th, 50th, 75th and 90th
+  percentiles;
+- a kind that one side never made or attempted is shown too (a policy may learn to stop
+  editing so), that side's figures empty;
+- examples: on the first tasks both edited (then those one side edited), the first edit of
+  each side (an evolve program's code, a summary's text), so that what the policy learned to
+  write can be read.
 
 ``acmrl eval edits START TRAINED [-o FILE]`` writes it as markdown (:func:`edit_change_md`).
 """
@@ -24,7 +29,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from acmrl.eval.edits import edit_calls, edit_figures, edit_rows
+from acmrl.eval.edits import EDIT_KINDS, edit_calls, edit_figures, edit_rows
 from acmrl.eval.report import Paired, paired_bootstrap
 from acmrl.rollout.records import Trajectory
 
@@ -71,11 +76,21 @@ def _kept_by_task(rows: list[dict[str, Any]], kind: str) -> dict[str, list[float
         kept = [
             e["kept_prefix"]
             for e in r["edits"]
-            if e["kind"] == kind and e["kept_prefix"] is not None
+            if e["kind"] == kind and e["applied"] and e["kept_prefix"] is not None
         ]
         if kept:
             out.setdefault(r["task_id"], []).append(sum(kept) / len(kept))
     return out
+
+
+def _measure(rows: list[dict[str, Any]], kind: str, key: str) -> list[float]:
+    """``key`` of every edit of ``kind`` in ``rows`` (the kept prefix of applied ones only)."""
+    return [
+        e[key]
+        for r in rows
+        for e in r["edits"]
+        if e["kind"] == kind and e[key] is not None and (key != "kept_prefix" or e["applied"])
+    ]
 
 
 def _example(rows: list[dict[str, Any]], kind: str, task: str) -> dict[str, Any] | None:
@@ -90,8 +105,9 @@ def _example(rows: list[dict[str, Any]], kind: str, task: str) -> dict[str, Any]
 def edit_change(
     start: str | Path, trained: str | Path, *, examples: int = 2
 ) -> dict[str, dict[str, dict[str, Any]]]:
-    """Per arm and kind of edit both sides made or attempted: ``start`` and ``trained`` (their
-    :func:`edit_figures`), ``kept_prefix`` (the paired difference, :class:`Paired`), ``dist``
+    """Per arm both evaluated and kind of edit either side made or attempted: ``start`` and
+    ``trained`` (their :func:`edit_figures`; None for a side that made and attempted none of
+    the kind), ``kept_prefix`` (the paired difference, :class:`Paired`), ``dist``
     (per measure, the percentiles of each side) and ``examples`` (pairs of edits on the same
     task). Raises ValueError when the folders share no arm."""
     a_all, b_all = _rows(Path(start)), _rows(Path(trained))
@@ -103,31 +119,40 @@ def edit_change(
         a = [r for r in a_all if r["arm"] == arm]
         b = [r for r in b_all if r["arm"] == arm]
         fa, fb = edit_figures(a), edit_figures(b)
-        for kind in [k for k in fa if k in fb]:
+        # a kind either side made or attempted: a policy that learned to stop (or start)
+        # editing so is shown, the other side's figures empty
+        for kind in sorted(fa.keys() | fb.keys(), key=list(EDIT_KINDS).index):
             ka, kb = _kept_by_task(a, kind), _kept_by_task(b, kind)
             dist = {}
             for key, _, _ in MEASURES:
-                dist[key] = tuple(
-                    quantiles(
-                        [
-                            e[key]
-                            for r in side
-                            for e in r["edits"]
-                            if e["kind"] == kind and e[key] is not None
-                        ]
-                    )
-                    for side in (a, b)
-                )
-            edited = [t for t in dict.fromkeys(r["task_id"] for r in a) if t in ka and t in kb]
-            pairs = [(t, _example(a, kind, t), _example(b, kind, t)) for t in edited[:examples]]
+                dist[key] = tuple(quantiles(_measure(side, kind, key)) for side in (a, b))
+            # the first tasks both edited, then those one side edited
+            tasks = list(dict.fromkeys(r["task_id"] for r in a + b))
+            pairs = [(t, _example(a, kind, t), _example(b, kind, t)) for t in tasks]
+            pairs = [p for p in pairs if p[1] and p[2]] + [
+                p for p in pairs if bool(p[1]) != bool(p[2])
+            ]
             out.setdefault(arm, {})[kind] = {
-                "start": fa[kind],
-                "trained": fb[kind],
+                "start": fa.get(kind),  # None: that side made and attempted none
+                "trained": fb.get(kind),
                 "kept_prefix": paired_bootstrap(ka, kb),
                 "dist": dist,
-                "examples": pairs,
+                "examples": pairs[:examples],
             }
     return out
+
+
+# the figures of a side that made and attempted no edit of a kind
+NONE: dict[str, Any] = {
+    "edits": 0,
+    "per_episode": 0.0,
+    "valid_rate": None,
+    "effective_rate": None,
+    "refusals": {},
+    "facts_in": 0,
+    "facts_kept": 0,
+    "kept_prefix_mean": None,
+}
 
 
 def _num(x: float | None, fmt: str) -> str:
@@ -159,15 +184,17 @@ def edit_change_md(
     lines = [
         f"# How the context edits changed (`{start}` -> `{trained}`)",
         "",
-        "Per arm and kind of edit. Kept prefix: the share of the prefix cache an edit kept; its "
-        "difference is paired over the tasks on which both made such an edit (each task's edits "
-        "averaged first), with a 95% bootstrap interval. Percentiles are per edit.",
+        "Per arm and kind of edit. Kept prefix: the share of the prefix cache an applied edit "
+        "kept; its difference is paired over the tasks on which both applied such an edit (each "
+        "task's edits averaged first), with a 95% bootstrap interval. Percentiles are per edit "
+        "(the kept prefix's over applied edits).",
     ]
     if not any(figures.values()):
         lines += ["", "Neither side made or attempted a context edit in an arm both evaluated."]
+    # (a kind one side never made is shown with "-" and 0 on that side)
     for arm, kinds in figures.items():
         for kind, v in kinds.items():
-            fa, fb, p = v["start"], v["trained"], v["kept_prefix"]
+            fa, fb, p = v["start"] or NONE, v["trained"] or NONE, v["kept_prefix"]
             lines += [
                 "",
                 f"## {arm}: {kind}",
@@ -213,8 +240,8 @@ def edit_change_md(
 
 def _paired_line(p: Paired) -> str:
     if not p.tasks:
-        return "Kept prefix, trained - start: no task on which both made such an edit."
+        return "Kept prefix, trained - start: no task on which both applied such an edit."
     return (
         f"Kept prefix, trained - start: {p.diff:+.3f}, 95% CI [{p.low:+.3f}, {p.high:+.3f}] over "
-        f"{p.tasks} tasks both edited."
+        f"{p.tasks} tasks both edited (applied edits)."
     )

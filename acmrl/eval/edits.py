@@ -11,7 +11,8 @@ to the context and is not an edit. Per edit (a line of ``edits.csv``):
   the input before plus that input's completion; the edits of one completion share one, the
   first carries it);
 - **kept_prefix**: that shared prefix over the tokens before, the share of the prefix cache the
-  edit kept: 1.0 for an edit that only appends, near 0 for one that rewrites the start;
+  edit kept: 1.0 for an edit that only appends, near 0 for one that rewrites the start (its
+  figures count applied edits only: a refused one changed nothing but its receipt);
 - **facts_in / facts_kept**: the task's key terms the edit had to keep (in the steps a summary
   replaced and not elsewhere; in the State an evolve program edited, not in the question) and
   those it kept (an evolve program: those its returned items still hold);
@@ -204,7 +205,9 @@ def edit_figures(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             and e["facts_kept"] >= e["facts_in"]
             for e in mine
         )
-        prefix = [e["kept_prefix"] for e in es if e["kept_prefix"] is not None]
+        # a refused edit left the context as it was (its receipt appended): its kept prefix
+        # says nothing of where the policy edits, so only applied edits count
+        prefix = [e["kept_prefix"] for e in applied if e["kept_prefix"] is not None]
         out[kind] = {
             "edits": len(es),
             "per_episode": len(es) / episodes if episodes else 0.0,

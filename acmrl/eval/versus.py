@@ -4,8 +4,11 @@
 GRPO run is meant to change, per arm they share: Pass@1 and the mean reward (the run's own
 reward weights, applied to the held-out episodes), each with a paired bootstrap interval over
 the tasks both evaluated; the Compaction Cost per successful episode with its relative change;
-the mean compaction point (context before / budget) of both; and, where the episodes recorded
-it, the share of needed facts their summaries kept. A last line says whether the
+the mean compaction point (context before / budget) of both; the kept prefix per applied
+context edit (the share of the prefix cache it kept, :mod:`acmrl.eval.edits`; the arm's kinds
+of edit pooled) of both, with their difference paired over the tasks both edited (each task's
+episodes averaged first) and its bootstrap interval; and, where the episodes recorded it, the
+share of needed facts their summaries kept. A last line says whether the
 run met the bar that a claim of learned compaction must meet: reward up, Compaction Cost per
 success down by at least ``cost_drop``, at equal or better Pass@1 (read as: no significant
 drop, i.e. the paired interval of trained - start reaches 0 or above).
@@ -13,6 +16,7 @@ drop, i.e. the paired interval of trained - start reaches 0 or above).
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,14 +30,18 @@ from acmrl.rollout.records import fact_retention
 
 def _episodes(folder: Path) -> list[dict[str, Any]]:
     """The folder's episodes its report covers (``reported_ids``: not those of an earlier plan
-    that stay in ``episodes.jsonl``)."""
+    that stay in ``episodes.jsonl``); ``episodes.jsonl.gz`` where the file was kept so."""
     from acmrl.eval.run import reported_ids
 
     path = folder / "episodes.jsonl"
-    if not path.is_file():
+    if path.is_file():
+        text = path.read_text()
+    elif (folder / "episodes.jsonl.gz").is_file():  # as scripts/keep_results.py keeps it
+        text = gzip.decompress((folder / "episodes.jsonl.gz").read_bytes()).decode()
+    else:
         raise ValueError(f"{folder} has no episodes.jsonl: give a folder acmrl eval wrote")
     ids = reported_ids(folder)
-    out = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    out = [json.loads(line) for line in text.splitlines() if line.strip()]
     return [t for t in out if ids is None or t["episode_id"] in ids]
 
 
@@ -47,11 +55,14 @@ def episode_figures(
     reward, _ = trajectory_reward(traj, budget, weights, output_weight=output_weight)
     events = [e for s in traj.get("steps", []) for e in s.get("events", [])]
     return {
-        # each context edit's kept prefix (acmrl.eval.edits): the share of the cache it kept
+        # each applied context edit's kept prefix (acmrl.eval.edits), every kind of the arm's
         "kept": [
             e["reusable_prefix"] / e["tokens_before"]
             for e in events
-            if e.get("kind") in EDIT_KINDS and e.get("tokens_before") and "reusable_prefix" in e
+            if e.get("kind") in EDIT_KINDS
+            and e.get("applied", True)
+            and e.get("tokens_before")
+            and "reusable_prefix" in e
         ],
         "task_id": traj["task_id"],
         "sample": traj.get("sample", 0),
@@ -99,7 +110,7 @@ def _kept(v: dict[str, Any]) -> str:
     pk = v["kept"]
     cell = f"{_num(v['start']['kept_prefix'])} -> {_num(v['trained']['kept_prefix'])}"
     if pk.tasks:
-        cell += f", {pk.diff:+.3f} [{pk.low:+.3f}, {pk.high:+.3f}]"
+        cell += f"; paired {pk.diff:+.3f} [{pk.low:+.3f}, {pk.high:+.3f}] over {pk.tasks} tasks"
     return cell
 
 
@@ -174,11 +185,17 @@ def versus_start(
         ]
         pk = v["kept"]
         if fa["kept_prefix"] is not None or fb["kept_prefix"] is not None:
-            ci = f"[{pk.low:+.3f}, {pk.high:+.3f}] over {pk.tasks} tasks" if pk.tasks else ""
+            ka, kb = fa["kept_prefix"], fb["kept_prefix"]
+            diff = kb - ka if ka is not None and kb is not None else None
+            paired = (
+                f"paired over the {pk.tasks} tasks both edited: {pk.diff:+.3f} "
+                f"[{pk.low:+.3f}, {pk.high:+.3f}]"
+                if pk.tasks
+                else "no task both edited"
+            )
             lines.append(
-                f"| {arm} | kept prefix per edit, mean | {_num(fa['kept_prefix'])} | "
-                f"{_num(fb['kept_prefix'])} | {_num(pk.diff if pk.tasks else None, '+.3f')} | "
-                f"{ci} |"
+                f"| {arm} | kept prefix per applied edit, mean | {_num(ka)} | {_num(kb)} | "
+                f"{_num(diff, '+.3f')} | {paired} |"
             )
         ka, kb = fa["fact_retention"], fb["fact_retention"]
         if ka is not None or kb is not None:  # recorded by either side
@@ -231,7 +248,7 @@ def versus_seeds(
             "",
             "| run | Pass@1 start | Pass@1 run | run - start [95% CI] | McNemar p | "
             "CC/success start | CC/success run | change | compaction point start -> run | "
-            "kept prefix start -> run, run - start [95% CI] |",
+            "kept prefix start -> run; paired run - start [95% CI] |",
             "|---|---|---|---|---|---|---|---|---|---|",
         ],
     )
