@@ -421,7 +421,8 @@ def test_rollout_metrics_follow_the_evolve_programs():
     assert m["rollout/evolve/valid_rate"] == pytest.approx(1 / 3)
     assert m["rollout/evolve/effective_rate"] == pytest.approx(1 / 3)  # it cut 1,000 to 500
     assert m["rollout/evolve/generated"] == 200 and m["rollout/evolve/cache_cost"] == 80
-    assert m["rollout/evolve/kept_prefix"] == pytest.approx((0.8 + 1.0) / 2)
+    # the applied program's 0.8; the refused one only appended its receipt and is not counted
+    assert m["rollout/evolve/kept_prefix"] == pytest.approx(0.8)
     assert not any(k.startswith("rollout/manage_context") for k in m)
 
 
