@@ -7,6 +7,7 @@ under a second and ``acmrl --help`` never pays for the heavy imports.
 
 from __future__ import annotations
 
+import importlib
 import sys
 import time
 from pathlib import Path
@@ -316,6 +317,16 @@ def grpo(
     _trained(result, "mean reward", result["rewards"], result["final"], cfg.output)
 
 
+# `acmrl eval NAME ...`: the tables over result folders (module, function, the two folders it
+# takes; None: any number, as a list)
+TABLES = {
+    "compare": ("acmrl.eval.run", "compare", "RESULTS_A RESULTS_B"),
+    "edits": ("acmrl.eval.edit_change", "edit_change_md", "START TRAINED"),
+    "seeds": ("acmrl.eval.seeds", "seeds_table", None),
+    "report": ("acmrl.eval.multi", "multi_report", None),
+}
+
+
 @app.command(name="eval")
 def eval_(
     config: ConfigOpt = None,
@@ -341,39 +352,13 @@ def eval_(
             fail("usage: acmrl eval versus START TRAINED [--config GRPO_YAML] [--output FILE]")
         _versus(args[1], args[2], config, output)
         return
-    if args and args[0] == "edits":
-        if len(args) != 3:
-            fail("usage: acmrl eval edits START TRAINED [--output FILE]")
-        from acmrl.eval.edit_change import edit_change_md
-
+    if args and args[0] in TABLES:
+        module, name, usage = TABLES[args[0]]
+        if usage and len(args) != 3:
+            fail(f"usage: acmrl eval {args[0]} {usage} [--output FILE]")
+        make = getattr(importlib.import_module(module), name)
         try:
-            typer.echo(edit_change_md(args[1], args[2], output))
-        except ValueError as exc:
-            fail(str(exc))
-        return
-    if args and args[0] == "seeds":
-        from acmrl.eval.seeds import seeds_table
-
-        try:
-            typer.echo(seeds_table(args[1:], output))
-        except ValueError as exc:
-            fail(str(exc))
-        return
-    if args and args[0] == "report":
-        from acmrl.eval.multi import multi_report
-
-        try:
-            typer.echo(multi_report(args[1:], output))
-        except ValueError as exc:
-            fail(str(exc))
-        return
-    if args and args[0] == "compare":
-        if len(args) != 3:
-            fail("usage: acmrl eval compare RESULTS_A RESULTS_B [--output FILE]")
-        from acmrl.eval.run import compare
-
-        try:
-            typer.echo(compare(args[1], args[2], output))
+            typer.echo(make(args[1], args[2], output) if usage else make(args[1:], output))
         except ValueError as exc:
             fail(str(exc))
         return

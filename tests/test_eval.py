@@ -533,6 +533,19 @@ def test_eval_edits_shows_how_programs_and_summaries_changed(tmp_path, tokenizer
     assert "| kept prefix | trained |" in md
     usage = CliRunner().invoke(app, ["eval", "edits", str(tmp_path / "a")])
     assert usage.exit_code != 0 and "usage: acmrl eval edits" in usage.output
+    # the other tables over result folders go through the same dispatch
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    for args, head in (
+        (["compare", a, b], "# acmrl eval compare"),
+        (["seeds", a, b], "# 2 runs per arm, every one listed"),
+        (["report", a], "Pass@1"),
+    ):
+        res = CliRunner().invoke(app, ["eval", *args])
+        assert res.exit_code == 0 and head in res.output, (args, res.output[-500:])
+    usage = CliRunner().invoke(app, ["eval", "compare", a])
+    assert usage.exit_code != 0 and "usage: acmrl eval compare RESULTS_A RESULTS_B" in usage.output
+    bad = CliRunner().invoke(app, ["eval", "seeds", a, str(tmp_path / "nowhere")])
+    assert bad.exit_code != 0 and "has no report.json" in bad.output
 
 
 def test_eval_versus_command_reads_the_grpo_runs_reward_weights(tmp_path):
