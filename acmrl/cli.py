@@ -320,7 +320,7 @@ def grpo(
 # `acmrl eval NAME ...`: the tables over result folders (module, function, the two folders it
 # takes; None: any number, as a list)
 TABLES = {
-    "compare": ("acmrl.eval.run", "compare", "RESULTS_A RESULTS_B"),
+    "compare": ("acmrl.eval.compare", "compare", "RESULTS_A RESULTS_B"),
     "edits": ("acmrl.eval.edit_change", "edit_change_md", "START TRAINED"),
     "seeds": ("acmrl.eval.seeds", "seeds_table", None),
     "report": ("acmrl.eval.multi", "multi_report", None),

@@ -613,7 +613,7 @@ class Demo:
         return lambda: self._train(name, run, cfg)
 
     def _compare(self) -> None:
-        from acmrl.eval.run import compare
+        from acmrl.eval.compare import compare
 
         compare(self.out / "eval-base", self.out / "eval-trained", self.out / "compare.md")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,17 @@ def tiny_engine(tiny_model_dir):
     torch.set_flush_denormal(True)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     return HFEngine(model, AutoTokenizer.from_pretrained(tiny_model_dir), max_batch=8)
+
+
+@pytest.fixture(scope="session")
+def script():
+    """``script(name)``: ``scripts/<name>.py`` loaded as a module (the scripts are no package)."""
+
+    def load(name: str):
+        path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    return load

@@ -3,7 +3,6 @@ load, train on worlds that no dev or test world shares, and take tasks from ever
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -114,17 +113,8 @@ def test_a_teacher_round_runs_on_other_training_worlds_and_the_evals_read_its_po
     assert ev.model.name.endswith("sft-round-s0/final")
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location(
-        "chain_table2", ROOT / "scripts" / "chain_table2.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_a_started_protocol_refuses_other_settings_and_reads_older_files(tmp_path):
-    check = _script().check_settings
+def test_a_started_protocol_refuses_other_settings_and_reads_older_files(tmp_path, script):
+    check = script("chain_table2").check_settings
     now = {"steps": 7, "test_tasks": 25, "train_arms": ["acm"], "timing": "read"}
     check(tmp_path, now)
     check(tmp_path, now)  # the same settings continue
@@ -200,7 +190,7 @@ def test_the_trace_bench_trains_on_its_train_split_and_reports_on_test(tmp_path)
     assert refused.returncode != 0 and "no teacher round" in refused.stderr
 
 
-def test_agent_options_reach_the_demonstrations_and_every_eval(tmp_path):
+def test_agent_options_reach_the_demonstrations_and_every_eval(tmp_path, script):
     """--agent sets the evolve arm's prompt and code rule in every stage, is pinned, and a
     name or value AgentConfig does not take is refused before anything runs."""
     args = ["--seeds", "0", "--train-arms", "evolve", "--eval-arms", "react", "evolve"]
@@ -219,7 +209,7 @@ def test_agent_options_reach_the_demonstrations_and_every_eval(tmp_path):
     assert [e.sampling.max_new_tokens for e in evals] == [512, 512]
     default = load_config(EvalConfig, cfgs.parent / "d" / "configs" / "eval-dev-s0.yaml", [])
     assert default.sampling.max_new_tokens == 96
-    check, run = _script().check_settings, tmp_path / "run"
+    check, run = script("chain_table2").check_settings, tmp_path / "run"
     run.mkdir()
     check(run, {"steps": 7, "agent": {"evolve_prompt": "none", "evolve_keep_code": False}})
     with pytest.raises(SystemExit, match=r"agent: .* -> \{\}"):

@@ -15,7 +15,8 @@ import acmrl.eval.report as R
 from acmrl.config import EvalConfig, load_config
 from acmrl.engines.scripted import ScriptedEngine
 from acmrl.envs import load
-from acmrl.eval.run import compare, reported_ids, run_eval
+from acmrl.eval.compare import compare
+from acmrl.eval.run import reported_ids, run_eval
 from acmrl.provenance import PACKAGE_ROOT, read_code_version
 from acmrl.rollout.records import ContextEvent, ModelCall, Step, Trajectory
 

@@ -3,7 +3,6 @@ compared with its start on test worlds, every run in one table."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,13 +14,6 @@ import pytest
 from acmrl.config import EvalConfig, GRPOConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("grpo_seeds", ROOT / "scripts" / "grpo_seeds.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _run(out: Path, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
@@ -63,24 +55,24 @@ def test_runs_train_on_their_own_worlds_and_take_the_options(tmp_path, tiny_mode
         assert fixed.returncode != 0 and "set by the protocol" in fixed.stderr, key
 
 
-def test_the_choice_is_dev_pass_then_cost_then_the_earliest():
-    choose = _script().choose
+def test_the_choice_is_dev_pass_then_cost_then_the_earliest(script):
+    choose = script("grpo_seeds").choose
     assert choose({0: (0.25, 900.0), 5: (0.5, 1200.0), 10: (0.5, 1000.0)}) == 10
     assert choose({0: (0.5, 900.0), 5: (0.5, 950.0), 10: (0.25, 10.0)}) == 0
     assert choose({0: (0.0, float("inf")), 5: (0.0, float("inf"))}) == 0
 
 
-def test_a_token_budget_leaves_the_checkpoints_that_cost_more_out_of_the_choice():
+def test_a_token_budget_leaves_the_checkpoints_that_cost_more_out_of_the_choice(script):
     """--token-budget: runs of different group shapes are compared at the same spend, so a
     checkpoint whose run had generated more rollout tokens (or an unknown number) is not
     eligible; the start always is."""
-    script = _script()
+    seeds = script("grpo_seeds")
     scores = {0: (0.25, 900.0), 5: (0.5, 1200.0), 10: (0.75, 1000.0), 15: (1.0, 10.0)}
     spent = {0: 0.0, 5: 4000.0, 10: 8000.0, 15: None}
-    assert script.choose(scores) == 15
-    assert script.choose(script.within(scores, spent, 8000)) == 10
-    assert script.choose(script.within(scores, spent, 5000)) == 5
-    assert script.within(scores, spent, 100) == {0: (0.25, 900.0)}
+    assert seeds.choose(scores) == 15
+    assert seeds.choose(seeds.within(scores, spent, 8000)) == 10
+    assert seeds.choose(seeds.within(scores, spent, 5000)) == 5
+    assert seeds.within(scores, spent, 100) == {0: (0.25, 900.0)}
 
 
 @pytest.mark.slow

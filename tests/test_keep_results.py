@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -14,14 +13,7 @@ from acmrl.envs import load
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("keep", ROOT / "scripts" / "keep_results.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_the_kept_files_rebuild_the_seeds_table(tmp_path, tokenizer):
+def test_the_kept_files_rebuild_the_seeds_table(tmp_path, tokenizer, script):
     from acmrl.eval.edit_change import edit_change_md
     from acmrl.eval.run import run_eval
     from acmrl.eval.seeds import seeds_table
@@ -46,7 +38,7 @@ def test_the_kept_files_rebuild_the_seeds_table(tmp_path, tokenizer):
     (run / "sft-s0" / "final" / "adapter_model.safetensors").write_bytes(b"\0" * 10)
     big = run / "notes.md"
     big.write_text("x" * 2_000_001)
-    keep = _script().keep
+    keep = script("keep_results").keep
     dest = tmp_path / "results" / "run"
     copied, skipped = keep(run, dest)
     kept = {p.relative_to(dest).as_posix() for p in copied}

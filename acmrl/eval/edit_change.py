@@ -29,8 +29,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from acmrl.eval.edits import EDIT_KINDS, edit_calls, edit_figures, edit_rows
+from acmrl.eval.edits import EDIT_KINDS, applied_kept, edit_calls, edit_figures, edit_rows
 from acmrl.eval.report import Paired, paired_bootstrap
+from acmrl.eval.versus import _episodes, kept_by_task
 from acmrl.rollout.records import Trajectory
 
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
@@ -43,8 +44,6 @@ MEASURES = (
 
 def _rows(folder: Path) -> list[dict[str, Any]]:
     """One row per reported episode: its arm, task, edits and edit calls."""
-    from acmrl.eval.versus import _episodes
-
     out = []
     for d in _episodes(folder):
         t = Trajectory.from_dict(d)
@@ -69,28 +68,18 @@ def quantiles(xs: list[float], qs: tuple[float, ...] = QUANTILES) -> list[float]
 
 
 def _kept_by_task(rows: list[dict[str, Any]], kind: str) -> dict[str, list[float]]:
-    """Per task, the mean kept prefix of its episodes' edits of ``kind`` (episodes without one
-    left out)."""
-    out: dict[str, list[float]] = {}
-    for r in rows:
-        kept = [
-            e["kept_prefix"]
-            for e in r["edits"]
-            if e["kind"] == kind and e["applied"] and e["kept_prefix"] is not None
-        ]
-        if kept:
-            out.setdefault(r["task_id"], []).append(sum(kept) / len(kept))
-    return out
+    """Per task, the mean kept prefix of its episodes' applied edits of ``kind`` (episodes
+    without one left out)."""
+    return kept_by_task(
+        [{"task_id": r["task_id"], "kept": applied_kept(r["edits"], kind)} for r in rows]
+    )
 
 
 def _measure(rows: list[dict[str, Any]], kind: str, key: str) -> list[float]:
     """``key`` of every edit of ``kind`` in ``rows`` (the kept prefix of applied ones only)."""
-    return [
-        e[key]
-        for r in rows
-        for e in r["edits"]
-        if e["kind"] == kind and e[key] is not None and (key != "kept_prefix" or e["applied"])
-    ]
+    if key == "kept_prefix":
+        return [k for r in rows for k in applied_kept(r["edits"], kind)]
+    return [e[key] for r in rows for e in r["edits"] if e["kind"] == kind and e[key] is not None]
 
 
 def _example(rows: list[dict[str, Any]], kind: str, task: str) -> dict[str, Any] | None:

@@ -149,6 +149,17 @@ def edit_calls(t: Trajectory) -> dict[str, dict[str, int]]:
     return out
 
 
+def applied_kept(edits: list[dict[str, Any]], kind: str | None = None) -> list[float]:
+    """The kept prefix of each applied edit in ``edits`` (of ``kind``, or of every kind): a
+    refused edit left the context as it was, its receipt appended, so its kept prefix says
+    nothing of where the policy edits."""
+    return [
+        e["kept_prefix"]
+        for e in edits
+        if e["applied"] and e["kept_prefix"] is not None and kind in (None, e["kind"])
+    ]
+
+
 def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
@@ -205,9 +216,7 @@ def edit_figures(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             and e["facts_kept"] >= e["facts_in"]
             for e in mine
         )
-        # a refused edit left the context as it was (its receipt appended): its kept prefix
-        # says nothing of where the policy edits, so only applied edits count
-        prefix = [e["kept_prefix"] for e in applied if e["kept_prefix"] is not None]
+        prefix = applied_kept(es)
         out[kind] = {
             "edits": len(es),
             "per_episode": len(es) / episodes if episodes else 0.0,

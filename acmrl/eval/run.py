@@ -3,7 +3,7 @@
 The episodes run through ``acmrl rollout`` (resumable: a killed eval continues where it
 stopped) into ``episodes.jsonl``; the report is rebuilt from that file, so it can be redone
 without running the model (``acmrl eval ... report_only=true``). ``acmrl eval compare A B``
-puts two result folders side by side (before/after training) with paired differences.
+(:mod:`acmrl.eval.compare`) puts two result folders side by side.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import yaml
 from acmrl.config import EvalConfig, RolloutConfig, to_dict
 from acmrl.engines.base import Engine
 from acmrl.eval.failures import FAILURES, Needs, task_needs
-from acmrl.eval.report import build_report, mcnemar, paired_bootstrap, rows_from
+from acmrl.eval.report import build_report, rows_from
 from acmrl.provenance import code_version, describe_code
 from acmrl.rollout.prompts import DEFAULT_BUDGET
 from acmrl.rollout.worker import planned_ids, read_trajectories, run_rollout
@@ -584,100 +584,3 @@ def report_markdown(report: dict[str, Any], figures: list[str]) -> str:
     if figures:
         lines += ["## Figures", "", *(f"![{f}]({f})" for f in figures), ""]
     return "\n".join(lines)
-
-
-# -- compare ----------------------------------------------------------------------------------
-
-
-def _load(folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    report_path = folder / "report.json"
-    if not report_path.is_file():
-        raise ValueError(f"{folder} has no report.json: give a folder acmrl eval wrote")
-    report = json.loads(report_path.read_text())
-    rows = []
-    if (folder / "episodes.csv").is_file():
-        with (folder / "episodes.csv").open() as f:
-            rows = [{**r, "score": float(r["score"])} for r in csv.DictReader(f)]
-    return report, rows
-
-
-# the per-edit figures compare puts side by side (acmrl.eval.edits)
-EDIT_COMPARED = [
-    ("per_episode", "edits/ep", ".2f"),
-    ("valid_rate", "valid rate", ".2f"),
-    ("effective_rate", "effective rate", ".2f"),
-    ("generated_median", "generated/edit, median", ".0f"),
-    ("cache_cost_median", "Cache Cost/edit, median", ".0f"),
-    ("kept_prefix_mean", "kept prefix, mean", ".2f"),
-]
-
-
-def compare(a: str | Path, b: str | Path, output: str | Path | None = None) -> str:
-    """Markdown that puts result folders ``a`` (before) and ``b`` (after) side by side, per arm
-    they share; Pass@1 differences get a paired bootstrap interval over shared tasks."""
-    ra, rows_a = _load(Path(a))
-    rb, rows_b = _load(Path(b))
-    keys = [
-        ("pass@1", "Pass@1", ".3f"),
-        ("valid_call_rate", "valid-call rate", ".2f"),
-        ("tool_calls", "tool calls", ".2f"),
-        ("peak_context_tokens", "peak tokens", ".0f"),
-        ("compactions", "compactions/ep", ".2f"),
-        ("compaction_cost", "Compaction Cost", ".0f"),
-        ("overflow", "overflow", ".2f"),
-    ]
-    lines = [
-        f"# acmrl eval compare: `{ra['meta']['model']}` (A) vs `{rb['meta']['model']}` (B)",
-        "",
-        f"A: `{a}`; B: `{b}`.",
-        "",
-        "| arm | metric | A | B | B - A | relative |",
-        "|---|---|---|---|---|---|",
-    ]
-    for arm in [x for x in ra["arms"] if x in rb["arms"]]:
-        sa, sb = ra["arms"][arm], rb["arms"][arm]
-        for key, label, fmt in keys:
-            va, vb = sa[key], sb[key]
-            rel = "n/a" if abs(va) < 1e-12 else f"{(vb - va) / va:+.0%}"
-            lines.append(
-                f"| {arm} | {label} | {va:{fmt}} | {vb:{fmt}} | {vb - va:+{fmt}} | {rel} |"
-            )
-        # the context edits of both, per kind (reports written before the section have none)
-        ea, eb = sa.get("edits") or {}, sb.get("edits") or {}
-        for kind in [k for k in ea if k in eb]:
-            for key, label, fmt in EDIT_COMPARED:
-                va, vb = ea[kind].get(key), eb[kind].get(key)
-                if va is None or vb is None:
-                    continue
-                rel = "n/a" if abs(va) < 1e-12 else f"{(vb - va) / va:+.0%}"
-                lines.append(
-                    f"| {arm} | {kind}: {label} | {va:{fmt}} | {vb:{fmt}} | {vb - va:+{fmt}} "
-                    f"| {rel} |"
-                )
-        ta = {}
-        for r in rows_a:
-            if r["arm"] == arm:
-                ta.setdefault(r["task_id"], []).append(float(r["score"] >= 1.0))
-        tb = {}
-        for r in rows_b:
-            if r["arm"] == arm:
-                tb.setdefault(r["task_id"], []).append(float(r["score"] >= 1.0))
-        p = paired_bootstrap(ta, tb)
-        if p.tasks:
-            pick = [
-                {f"{r['task_id']}#{r['sample']}": [float(r["score"] >= 1.0)] for r in rows}
-                for rows in (
-                    [r for r in rows_a if r["arm"] == arm],
-                    [r for r in rows_b if r["arm"] == arm],
-                )
-            ]
-            exact = mcnemar(*pick)
-            lines.append(
-                f"| {arm} | Pass@1 B - A, paired 95% CI over {p.tasks} tasks | | | "
-                f"[{p.low:+.3f}, {p.high:+.3f}] | exact McNemar p {exact.p:.3g} "
-                f"({exact.only_b} episodes B only, {exact.only_a} A only) |"
-            )
-    text = "\n".join(lines) + "\n"
-    if output is not None:
-        _atomic_write(Path(output), text)
-    return text
