@@ -57,7 +57,7 @@ def test_stage_configs_chain_the_stages(tmp_path):
     assert small["sft"].lora.top_layers is None  # a tiny model has fewer layers
 
 
-def test_the_default_demo_trains_acm_on_chain_by_sft_alone(tmp_path):
+def test_the_default_demo_trains_acm_on_chain_by_sft_alone(tmp_path, script):
     from acmrl.demo import SIZES
 
     out = tmp_path / "demo"
@@ -77,13 +77,7 @@ def test_the_default_demo_trains_acm_on_chain_by_sft_alone(tmp_path):
         assert c[stage].agent.on_overflow == "force_answer", stage
         assert c[stage].agent.max_context_tokens == 2048, stage
     # held out from training, and never the chain protocol's dev or test worlds
-    import importlib.util
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "scripts" / "chain_table2.py"
-    spec = importlib.util.spec_from_file_location("chain_table2", script)
-    protocol = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(protocol)
+    protocol = script("chain_table2")
     trained = set(ann.env.options["seeds"])
     held_out = set(c["eval-base"].env.options["seeds"])
     assert trained.isdisjoint(held_out)

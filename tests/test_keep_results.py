@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from acmrl.config import EvalConfig
 from acmrl.envs import load
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_kept_files_rebuild_the_seeds_table(tmp_path, tokenizer, script):
