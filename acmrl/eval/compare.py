@@ -37,6 +37,14 @@ EDIT_COMPARED = [
 ]
 
 
+def _by_task(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per task, the success (score 1) of each of its episodes in ``rows``."""
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        out.setdefault(r["task_id"], []).append(float(r["score"] >= 1.0))
+    return out
+
+
 def compare(a: str | Path, b: str | Path, output: str | Path | None = None) -> str:
     """Markdown that puts result folders ``a`` (before) and ``b`` (after) side by side, per arm
     they share; Pass@1 differences get a paired bootstrap interval over shared tasks."""
@@ -79,22 +87,13 @@ def compare(a: str | Path, b: str | Path, output: str | Path | None = None) -> s
                     f"| {arm} | {kind}: {label} | {va:{fmt}} | {vb:{fmt}} | {vb - va:+{fmt}} "
                     f"| {rel} |"
                 )
-        ta = {}
-        for r in rows_a:
-            if r["arm"] == arm:
-                ta.setdefault(r["task_id"], []).append(float(r["score"] >= 1.0))
-        tb = {}
-        for r in rows_b:
-            if r["arm"] == arm:
-                tb.setdefault(r["task_id"], []).append(float(r["score"] >= 1.0))
-        p = paired_bootstrap(ta, tb)
+        arm_a = [r for r in rows_a if r["arm"] == arm]
+        arm_b = [r for r in rows_b if r["arm"] == arm]
+        p = paired_bootstrap(_by_task(arm_a), _by_task(arm_b))
         if p.tasks:
             pick = [
                 {f"{r['task_id']}#{r['sample']}": [float(r["score"] >= 1.0)] for r in rows}
-                for rows in (
-                    [r for r in rows_a if r["arm"] == arm],
-                    [r for r in rows_b if r["arm"] == arm],
-                )
+                for rows in (arm_a, arm_b)
             ]
             exact = mcnemar(*pick)
             lines.append(
