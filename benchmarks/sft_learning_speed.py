@@ -19,8 +19,8 @@ One forward pass per held-out task, on the answer turn's exact context.
 Variants: ``lora`` (rank 16, lr 5e-4), ``full`` (all weights, lr 5e-5), ``lora-plain`` (as
 ``lora``, without ``optim.share_prefix``: every sample reads its own system prompt) and
 ``lora-top15`` (as ``lora``, adapters on the last 15 decoder layers only); more can be added to
-VARIANTS. Measured figures go to docs/train.md ("Measured: LoRA and full fine-tuning side by
-side"). Run alone: other jobs on the same cores distort the wall times (the held-out figures do
+VARIANTS. Measured figures: docs/train-history.md ("what LoRA SFT learns per step" and "full
+fine-tuning against LoRA on the demo's data"). Run alone: other jobs on the same cores distort the wall times (the held-out figures do
 not depend on it). ``--model`` with a tiny random model checks the script in a minute.
 """
 
