@@ -36,6 +36,8 @@ def test_each_arms_tools_and_prompt(env):
     assert names["acm"] == [*base, "manage_context", "query_memory"]
     assert names["memory"] == [*base, "read_memory"]
     assert names["evolve"] == [*base, "evolve"]
+    assert names["mask"] == base  # react's tools and prompt: the harness masks, not the policy
+    assert get_arm("mask").system_prompt(2048) == get_arm("react").system_prompt(2048)
     assert "2048 tokens" in get_arm("acm").system_prompt(2048)
     assert "read_memory()" in get_arm("memory").system_prompt(2048)
     assert get_arm("react").system_prompt(2048) == get_arm("summary").system_prompt(2048)
@@ -147,3 +149,46 @@ def test_an_evolve_teacher_leaves_room_only_for_what_its_program_leaves_in_the_i
         programs[keep] = sum(a["name"] == "evolve" for s in steps for a in s.actions)
         wins[keep] = sum(t.score >= 1.0 for t in trajs)
     assert programs[False] < programs[True] and wins[False] >= wins[True] > 0
+
+
+def test_mask_replaces_the_oldest_results_until_the_input_fits_and_the_episode_goes_on(tokenizer):
+    """Over the budget, the oldest tool results become a placeholder, one at a time, until the
+    input fits; the newest result and the policy's own words stay; the edit is charged the
+    Cache Cost of the input it changed and counted as a compaction; the episode then goes on."""
+    from acmrl.arms.mask import MASKED
+    from acmrl.rewards import compaction_points
+
+    env = load("kb_search", preset="chain", seed=0)
+    task = env.tasks("eval")[0]
+    docs = [args for name, args in env.oracle_plan(task) if name == "open"]
+    texts = [
+        "I note: the first document matters.\n" + format_tool_call("open", docs[0]),
+        format_tool_call("open", docs[1]),
+        format_tool_call("open", docs[2]),
+        format_tool_call("answer", {"text": "x"}),
+    ]
+    budget = 1600  # the prompt and two documents fit, three do not
+    ep = Episode(
+        f"{task.id}#mask#0",
+        env,
+        task,
+        "mask",
+        tokenizer,
+        agent=AgentConfig(max_turns=8, max_context_tokens=budget, on_overflow="fail"),
+        sampling=SamplingConfig(max_new_tokens=256),
+    )
+    run_episodes([ep], ScriptedEngine(tokenizer, replay({ep.id: texts})))
+    t = ep.traj
+    assert t.status == "answered"  # no overflow: masking made room for the third document
+    outputs = [x for x in ep.state if x["type"] == "function_call_output"]
+    assert outputs[0]["output"] == MASKED and outputs[-1]["output"] != MASKED
+    masks = [e for s in t.steps for e in s.events if e.kind == "mask"]
+    assert masks and all(s.origin == "harness" for s in t.steps if s.events)
+    e = masks[0]
+    assert 0 < e.reusable_prefix < e.tokens_before and e.cache_cost > 0
+    assert e.compaction_cost == e.cache_cost  # nothing generated for it
+    assert e.tokens_after <= budget
+    assert compaction_points([vars(x) for x in masks], budget)  # a compaction like the others
+    # every policy input fitted the budget, and the policy's note is still there
+    assert all(len(s.call.prompt_ids) <= budget for s in t.steps if s.call is not None)
+    assert "I note: the first document matters." in tokenizer.decode(t.steps[-1].call.prompt_ids)

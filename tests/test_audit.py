@@ -2,7 +2,8 @@
 
 On ``kb_search chain`` no trivial strategy may score (the test the benchmark is held to), the
 react ceiling stays low for a structural reason (three long documents do not fit the budget), and
-the managing arms reach every answer, ``acm`` through its archive on the recall questions. On
+the managing arms reach every answer, ``acm`` through its archive on the recall questions, and
+observation masking once the policy's thoughts repeat what it read. On
 ``tiny`` the same audit exposes the shortcut that makes it a smoke test: a title in a search
 listing is the answer."""
 
@@ -42,6 +43,11 @@ def test_chain_admits_no_trivial_answer_and_needs_context_management(tmp_path, d
     assert rows[("noted", "react")]["pass@1"] <= 0.40
     for arm in ("acm", "summary"):
         assert rows[("ceiling", arm)]["pass@1"] >= 0.90, arm
+    # observation masking (the harness masks the oldest results) needs the policy's own notes:
+    # masked, the first document's fact is gone; repeated in each thought, it survives
+    assert rows[("ceiling", "mask")]["pass@1"] <= 0.40
+    assert rows[("noted", "mask")]["pass@1"] >= 0.90
+    assert rows[("noted", "mask")]["compactions"] > 0
     # acm reads the membership back from its archive on exactly the recall questions (6 of 20)
     assert rows[("ceiling", "acm")]["query_memory"] == pytest.approx(6 / 20)
     assert rows[("ceiling", "summary")]["query_memory"] == 0
@@ -151,12 +157,13 @@ def test_an_audit_reports_each_arms_fixed_prompt(tmp_path, default_model_dir):
         tmp_path / "b", default_model_dir, "tiny", 1, max_context_tokens=1300, evolve_prompt="brief"
     )
     fixed = full["fixed_prompt_tokens"]
-    assert list(fixed) == ["react", "summary", "memory", "acm", "evolve"]
+    assert list(fixed) == ["react", "summary", "memory", "acm", "evolve", "mask"]
     assert fixed["react"] == fixed["summary"] < fixed["memory"] < fixed["acm"] < fixed["evolve"]
+    assert fixed["mask"] == fixed["react"]
     assert brief["fixed_prompt_tokens"]["evolve"] < fixed["evolve"]
     assert brief["fixed_prompt_tokens"]["acm"] == fixed["acm"]
     md = (tmp_path / "a" / "tiny" / "audit.md").read_text()
-    assert f"evolve {fixed['evolve']:,}." in md
+    assert f"evolve {fixed['evolve']:,}, mask {fixed['mask']:,}." in md
 
 
 def test_an_audit_folder_from_before_an_agent_option_existed_resumes(tmp_path, default_model_dir):

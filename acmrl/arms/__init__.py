@@ -6,6 +6,7 @@ summary    the harness summarises the whole history at a threshold (:mod:`acmrl.
 memory     a background reflection keeps a memory outside the context (:mod:`acmrl.arms.memory`)
 acm        the policy compacts (``manage_context``) and queries its archive (:mod:`acmrl.arms.acm`)
 evolve     the policy edits its context with a program (:mod:`acmrl.arms.evolve`)
+mask       the harness masks the oldest tool results at the budget (:mod:`acmrl.arms.mask`)
 =========  =====================================================================================
 
 Each module holds its arm's tools and system prompt, what the harness does before a generation
@@ -21,11 +22,14 @@ from typing import Any
 from acmrl.arms.acm import Acm
 from acmrl.arms.base import Arm, Turn
 from acmrl.arms.evolve import Evolve
+from acmrl.arms.mask import Mask
 from acmrl.arms.memory import Memory
 from acmrl.arms.react import React
 from acmrl.arms.summary import Summary
 
-REGISTRY: dict[str, Arm] = {a.name: a for a in (React(), Summary(), Memory(), Acm(), Evolve())}
+REGISTRY: dict[str, Arm] = {
+    a.name: a for a in (React(), Summary(), Memory(), Acm(), Evolve(), Mask())
+}
 
 
 def get_arm(name: str) -> Arm:

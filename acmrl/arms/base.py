@@ -39,6 +39,12 @@ class Arm:
     #: the policy's tool that brings back what left the context (its archive or its memory);
     #: None: the arm has none. Reports count its calls on the tasks that need an archived detail
     archive_tool: ClassVar[str | None] = None
+    #: the arm keeps no fact by means of its own, only in the policy's thoughts: the audit also
+    #: plays its ceiling ``noted`` (each thought repeating the evidence read so far)
+    noted_ceiling = False
+    #: the arm's best policy, the one its teacher demonstrates (``teacher.policy=best``), is the
+    #: noted one: its results leave the context and only its thoughts can carry them
+    best_noted = False
 
     @property
     def tool_names(self) -> set[str]:

@@ -12,3 +12,4 @@ from acmrl.arms.base import Arm
 
 class React(Arm):
     name = "react"
+    noted_ceiling = True

@@ -28,6 +28,7 @@ from acmrl.config.base import (
 )
 from acmrl.config.parts import (
     ARMS,
+    DEFAULT_ARMS,
     DEFAULT_MODEL,
     AgentConfig,
     DecisionConfig,
@@ -63,6 +64,7 @@ from acmrl.config.stages import (
 __all__ = [
     "ARMS",
     "COMMAND_CONFIGS",
+    "DEFAULT_ARMS",
     "DEFAULT_MODEL",
     "TRIVIAL_STRATEGIES",
     "AgentConfig",

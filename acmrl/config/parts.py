@@ -188,7 +188,10 @@ class AgentConfig:
                     )
 
 
-ARMS = ("react", "summary", "memory", "acm", "evolve")
+ARMS = ("react", "summary", "memory", "acm", "evolve", "mask")
+#: the arms a rollout or an eval runs unless told: every arm but ``mask``, the observation-masking
+#: baseline, which is asked for by name (``acmrl audit`` plays every arm)
+DEFAULT_ARMS = ("react", "summary", "memory", "acm", "evolve")
 
 
 def check_arms(arms: list[str]) -> None:

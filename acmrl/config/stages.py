@@ -11,6 +11,7 @@ from typing import Literal
 from acmrl.config.base import ConfigError, option, section
 from acmrl.config.parts import (
     ARMS,
+    DEFAULT_ARMS,
     AgentConfig,
     DecisionConfig,
     EngineConfig,
@@ -36,7 +37,7 @@ class RolloutConfig:
     agent: AgentConfig = section(AgentConfig, "the agent loop and context management")
     env: EnvConfig = section(EnvConfig, "the tasks")
     engine: EngineConfig = section(EngineConfig, "the generation backend")
-    arms: list[str] = option(list(ARMS), f"arms to run: {', '.join(ARMS)}")
+    arms: list[str] = option(list(DEFAULT_ARMS), f"arms to run: {', '.join(ARMS)}")
     samples: int = option(1, "episodes per task and arm", min=1)
     seed: int = option(0, "base seed of the episodes' sampling", min=0)
     concurrency: int = option(8, "episodes in flight at once (their calls are batched)", min=1)
@@ -300,7 +301,10 @@ class EvalConfig:
     )
     env: EnvConfig = section(EnvConfig, "the tasks (the eval split by default)")
     engine: EngineConfig = section(EngineConfig, "the generation backend")
-    arms: list[str] = option(list(ARMS), "arms to evaluate; react is the baseline of the deltas")
+    arms: list[str] = option(
+        list(DEFAULT_ARMS),
+        f"arms to evaluate ({', '.join(ARMS)}); react is the baseline of the deltas",
+    )
     samples: int = option(1, "episodes per task and arm (k > 1 adds pass@k)", min=1)
     seed: int = option(0, "base seed of the episodes' sampling", min=0)
     concurrency: int = option(8, "episodes in flight at once", min=1)

@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from acmrl.arms import get_arm
 from acmrl.config import AgentConfig, AuditConfig, SamplingConfig
 from acmrl.engines.scripted import ScriptedEngine
 from acmrl.eval.report import arm_summary, episode_row
@@ -36,14 +37,17 @@ PLANNED_TRIVIAL = ("listed_title", "def_line", "first_argument", "random_argumen
 
 
 def strategies(cfg: AuditConfig, planned: bool = True) -> list[tuple[str, str]]:
-    """``(strategy, arm)`` pairs in report order: the arms' ceilings (react's twice: as is and
-    ``noted``, its thoughts repeating the evidence it read), then the trivial ones, then
+    """``(strategy, arm)`` pairs in report order: the arms' ceilings (those of react and mask,
+    whose only means of keeping a fact is the policy's thoughts, twice: as is and ``noted``,
+    its thoughts repeating the evidence it read), then the trivial ones, then
     ``model`` (the configured model in react) with ``model_react``. Without an expert plan
     (``planned`` False) only what needs none: the trivial strategies that read no plan and the
     model's react."""
-    ceilings = [("ceiling", arm) for arm in cfg.arms]
-    if "react" in cfg.arms:
-        ceilings.insert(cfg.arms.index("react") + 1, ("noted", "react"))
+    ceilings = [
+        (name, arm)
+        for arm in cfg.arms
+        for name in (("ceiling", "noted") if get_arm(arm).noted_ceiling else ("ceiling",))
+    ]
     trivial = [(t, "react") for t in cfg.trivial if planned or t not in PLANNED_TRIVIAL]
     model = [("model", "react")] if cfg.model_react or not planned else []
     return (ceilings if planned else []) + trivial + model
@@ -272,10 +276,11 @@ def audit_markdown(report: dict[str, Any]) -> str:
         "",
         f"{report['tasks']} tasks, budget {report['budget']} tokens, "
         f"on_overflow={report['on_overflow']}. A ceiling is the arm's best scripted policy "
-        "(it answers only once its context shows the answer's evidence); `noted` is react's "
-        "with each thought first repeating the evidence lines it has read (react's only way "
-        "to keep a fact past the overflow rule's dropping of its oldest steps), so react's "
-        "ceiling is the better of its two rows; the trivial "
+        "(it answers only once its context shows the answer's evidence); `noted` is the same "
+        "with each thought first repeating the evidence lines it has read (react's and mask's "
+        "only way to keep a fact past the overflow rule's dropping of its oldest steps or "
+        "mask's masking of its oldest results), so their ceilings are the better of their two "
+        "rows; the trivial "
         "strategies play react and read no document (code_nav's first_argument and "
         "random_argument read the first definition)."
         + (f" Report written by {describe_code(report['code'])}." if report.get("code") else ""),

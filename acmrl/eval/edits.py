@@ -41,6 +41,7 @@ EDIT_KINDS = {
     "evolve": "evolve",
     "summary": None,
     "memory": None,
+    "mask": None,
 }
 
 REFUSALS = ("syntax", "runtime error", "limit", "invalid State", "arguments", "sandbox")

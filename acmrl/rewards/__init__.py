@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-COMPACTIONS = ("manage_context", "evolve", "summary", "memory")
+COMPACTIONS = ("manage_context", "evolve", "summary", "memory", "mask")
 
 
 @dataclass(frozen=True)

@@ -188,9 +188,12 @@ class Episode:
             self.finish("max_turns")
             return None
         ids = self.renderer.ids(self.state)
+        state = self.state
         own = self.arm_def.before_generate(self, ids)
         if own is not None:  # the episode generates once the arm's request is answered
             return own
+        if self.state is not state:  # the arm edited the State in place of a request (mask)
+            ids = self.renderer.ids(self.state)
         if len(ids) > self.budget and self.agent.on_overflow == "force_answer":
             return self._force_answer(len(ids))
         self._settle(ids)

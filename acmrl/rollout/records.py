@@ -36,7 +36,7 @@ class ModelCall:
 class ContextEvent:
     """One compaction or memory operation, with the figures of docs/design.md "Costs"."""
 
-    kind: str  # manage_context | query_memory | summary | evolve | memory
+    kind: str  # manage_context | query_memory | summary | evolve | memory | mask
     tokens_before: int
     tokens_after: int
     reusable_prefix: int

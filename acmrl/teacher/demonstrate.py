@@ -424,6 +424,7 @@ def oracle_engine(
                     tokenizer,
                     pressure=at,
                     late=late,
+                    noted=get_arm(arm).best_noted,
                     keep_code=keep_code,
                 )
             else:
