@@ -159,25 +159,45 @@ def test_mask_replaces_the_oldest_results_until_the_input_fits_and_the_episode_g
     from acmrl.rewards import compaction_points
 
     env = load("kb_search", preset="chain", seed=0)
-    task = env.tasks("eval")[0]
-    docs = [args for name, args in env.oracle_plan(task) if name == "open"]
-    texts = [
-        "I note: the first document matters.\n" + format_tool_call("open", docs[0]),
-        format_tool_call("open", docs[1]),
-        format_tool_call("open", docs[2]),
-        format_tool_call("answer", {"text": "x"}),
-    ]
+
+    def only_first(task) -> list[str]:  # key terms only the first document states
+        read = [env.session(task).call("open", d) for d in opened(task)]
+        return [
+            k
+            for k in env.key_terms(task)
+            if k in read[0]
+            and not any(k in r for r in read[1:])
+            and k not in task.prompt
+            and not k.startswith("kb-")
+        ]
+
+    def opened(task) -> list[dict]:
+        return [args for name, args in env.oracle_plan(task) if name == "open"]
+
+    task = next(t for t in env.tasks("eval") if only_first(t))  # a recall question's number
+    docs, fact = opened(task), only_first(task)[0]
     budget = 1600  # the prompt and two documents fit, three do not
-    ep = Episode(
-        f"{task.id}#mask#0",
-        env,
-        task,
-        "mask",
-        tokenizer,
-        agent=AgentConfig(max_turns=8, max_context_tokens=budget, on_overflow="fail"),
-        sampling=SamplingConfig(max_new_tokens=256),
-    )
-    run_episodes([ep], ScriptedEngine(tokenizer, replay({ep.id: texts})))
+
+    def play(note: str) -> Episode:
+        texts = [
+            format_tool_call("open", docs[0]),
+            note + format_tool_call("open", docs[1]),
+            format_tool_call("open", docs[2]),
+            format_tool_call("answer", {"text": "x"}),
+        ]
+        ep = Episode(
+            f"{task.id}#mask#0",
+            env,
+            task,
+            "mask",
+            tokenizer,
+            agent=AgentConfig(max_turns=8, max_context_tokens=budget, on_overflow="fail"),
+            sampling=SamplingConfig(max_new_tokens=256),
+        )
+        run_episodes([ep], ScriptedEngine(tokenizer, replay({ep.id: texts})))
+        return ep
+
+    ep, bare = play(f"I note: {fact}.\n"), play("")
     t = ep.traj
     assert t.status == "answered"  # no overflow: masking made room for the third document
     outputs = [x for x in ep.state if x["type"] == "function_call_output"]
@@ -188,7 +208,15 @@ def test_mask_replaces_the_oldest_results_until_the_input_fits_and_the_episode_g
     assert 0 < e.reusable_prefix < e.tokens_before and e.cache_cost > 0
     assert e.compaction_cost == e.cache_cost  # nothing generated for it
     assert e.tokens_after <= budget
+    # key terms left with the masked results; those still in the context count as kept (the
+    # ids the calls name), and a term only the first document held only where it was noted
+    assert 0 < e.facts_kept <= e.facts_in
+
+    def lost(episode: Episode) -> int:
+        return sum(x.facts_in - x.facts_kept for s in episode.traj.steps for x in s.events)
+
+    assert lost(bare) > lost(ep)
     assert compaction_points([vars(x) for x in masks], budget)  # a compaction like the others
     # every policy input fitted the budget, and the policy's note is still there
     assert all(len(s.call.prompt_ids) <= budget for s in t.steps if s.call is not None)
-    assert "I note: the first document matters." in tokenizer.decode(t.steps[-1].call.prompt_ids)
+    assert f"I note: {fact}." in tokenizer.decode(t.steps[-1].call.prompt_ids)

@@ -3,8 +3,9 @@
 The policy has react's prompt and tools and no context tool. Before a generation whose input
 is over the budget, the harness replaces the oldest tool results, one at a time, by a short
 placeholder until the input fits; the policy's own thoughts and calls stay, and so does the
-newest result. Nothing is generated for it, so its Compaction Cost is the Cache Cost alone: the
-input after the first masked result is read again. The simple strategy that matched LLM
+newest result. Nothing is generated for it, so its Compaction Cost is the Cache Cost alone:
+the next input from the first masked result on, the newest result and the completion before
+it included (as for every edit, docs/design.md). The simple strategy that matched LLM
 summarisation on SWE-bench agents (Lindenbauer et al., 2025, "The Complexity Trap"); here it is
 the baseline that keeps react's whole means (its thoughts) and drops only what must go. What
 a masked result said survives only where the policy's own words repeated it, so the audit
@@ -50,12 +51,25 @@ class Mask(Arm):
                 break
         if not masked:
             return None  # nothing left to mask: the overflow rule decides
-        gone = prompts.items_text(masked)
-        facts_in, _ = terms_kept(ep.key_terms(), gone, "", prompts.items_text(state))
+        # as for a summary: the key terms the masked results held and the task does not, and
+        # of those the ones the context still holds elsewhere (the policy's own words)
+        facts_in, facts_kept = terms_kept(
+            ep.key_terms(),
+            prompts.items_text(masked),
+            prompts.items_text(state[1:]),
+            prompts.items_text(state[:1]),
+        )
         ep.state = state
         step = Step(ep.turn, None, origin="harness")
         step.events.append(
-            ep.event("mask", 0, None, detail=f"{len(masked)} results masked", facts_in=facts_in)
+            ep.event(
+                "mask",
+                0,
+                None,
+                detail=f"{len(masked)} results masked",
+                facts_in=facts_in,
+                facts_kept=facts_kept,
+            )
         )
         ep.traj.steps.append(step)
         return None

@@ -48,8 +48,9 @@ class ContextEvent:
     summary_id: str | None = None
     detail: str = ""
     # an edit's needed facts (the task's key terms): those in the steps a summary replaced and
-    # not elsewhere in the context, or in the State an evolve program edited, and how many of
-    # them it kept (:func:`terms_kept`)
+    # not elsewhere in the context, or in the State an evolve program edited, or in the results
+    # a mask took out and not in the task, and how many of them it kept (:func:`terms_kept`; a
+    # mask keeps those the policy's own words still hold)
     facts_in: int = 0
     facts_kept: int = 0
     helper_generated: int = 0  # of ``helper_tokens``, the ones the helper generated
